@@ -1,0 +1,169 @@
+"""Array interop: numpy, torch, CuPy, objects with __cuda_array_interface__, and DeviceArray.
+
+Device arrays are used in place (zero copy) and launched on the array's current stream; host
+arrays go to the device and back when the backend is a GPU (on the CPU emulator they are used
+in place). Results come back as the input's kind. Non-contiguous inputs are refused with the
+argument's name rather than copied behind the caller's back.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ArgumentError
+
+DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8", "bfloat16")
+_TYPESTR = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64", "|u1": "uint8",
+            "<u1": "uint8"}
+_TORCH_DTYPES: dict[Any, str] = {}
+
+
+class ArrayRef:
+    """One argument, classified: where its data lives, its shape, dtype and pointer."""
+
+    __slots__ = ("obj", "kind", "shape", "dtype", "ptr", "nbytes", "host", "device_index")
+
+    def __init__(self, obj: Any, kind: str, shape: tuple, dtype: str, ptr: int, nbytes: int, host: bool,
+                 device_index: int = 0):
+        self.obj = obj
+        self.kind = kind
+        self.shape = shape
+        self.dtype = dtype
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.host = host
+        self.device_index = device_index
+
+    def describe(self) -> str:
+        where = "host" if self.host else f"device {self.device_index}"
+        return f"{self.kind} array on {where}"
+
+
+def _torch_dtypes() -> dict[Any, str]:
+    if not _TORCH_DTYPES:
+        import torch
+        _TORCH_DTYPES.update({torch.float32: "float32", torch.float16: "float16", torch.float64: "float64",
+                              torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
+                              torch.bfloat16: "bfloat16"})
+    return _TORCH_DTYPES
+
+
+def is_torch(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def is_cupy(obj: Any) -> bool:
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(obj, cupy.ndarray)
+
+
+def _contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def wrap(obj: Any, name: str, op: str) -> ArrayRef:
+    """Classify one array argument; a clear error names the argument when it cannot be used."""
+    if isinstance(obj, np.ndarray):
+        dtype = obj.dtype.name
+        if dtype not in DTYPES:
+            raise ArgumentError(name, "a float32 or float16 array", f"numpy dtype {dtype}", op=op)
+        if not obj.flags.c_contiguous:
+            raise ArgumentError(name, "a C-contiguous array (use np.ascontiguousarray)", "a strided view", op=op)
+        return ArrayRef(obj, "numpy", obj.shape, dtype, obj.ctypes.data, obj.nbytes, True)
+    if is_torch(obj):
+        dtype = _torch_dtypes().get(obj.dtype)
+        if dtype is None:
+            raise ArgumentError(name, "a float32 or float16 tensor", f"torch dtype {obj.dtype}", op=op)
+        if not obj.is_contiguous():
+            raise ArgumentError(name, "a contiguous tensor (call .contiguous())", "a strided view", op=op)
+        dev = obj.device
+        if dev.type not in ("cuda", "cpu"):
+            raise ArgumentError(name, "a CPU or CUDA/ROCm tensor", f"a tensor on '{dev.type}'", op=op)
+        host = dev.type == "cpu"
+        return ArrayRef(obj, "torch", tuple(obj.shape), dtype, obj.data_ptr(), obj.numel() * obj.element_size(), host,
+                        0 if host else (dev.index or 0))
+    from .device_array import DeviceArray
+    if isinstance(obj, DeviceArray):
+        return ArrayRef(obj, "jitops", obj.shape, obj.dtype, obj.ptr, obj.nbytes, obj.backend.name == "cpu", 0)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape = tuple(int(s) for s in cai["shape"])
+        dtype = _TYPESTR.get(cai["typestr"])
+        if dtype is None:
+            raise ArgumentError(name, "a float32 or float16 array", f"typestr {cai['typestr']}", op=op)
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides = cai.get("strides")
+        if strides is not None and tuple(strides) != _contiguous_strides(shape, itemsize) and int(np.prod(shape)) > 1:
+            raise ArgumentError(name, "a C-contiguous device array", f"strides {tuple(strides)}", op=op)
+        kind = "cupy" if is_cupy(obj) else "cai"
+        dev_index = int(obj.device.id) if kind == "cupy" else 0
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        return ArrayRef(obj, kind, shape, dtype, int(cai["data"][0]), nbytes, False, dev_index)
+    if isinstance(obj, (list, tuple, int, float)):
+        raise ArgumentError(name, "an array (numpy, torch, CuPy or jitops.DeviceArray)",
+                            f"a Python {type(obj).__name__}; wrap it with np.asarray(..., dtype=np.float32)", op=op)
+    raise ArgumentError(name, "an array (numpy, torch, CuPy, __cuda_array_interface__ or jitops.DeviceArray)",
+                        type(obj).__name__, op=op)
+
+
+def check_placement(refs: dict[str, ArrayRef], backend: Any, op: str) -> bool:
+    """All arrays on one side (host or the backend's device). Returns True when they are on the host."""
+    items = list(refs.items())
+    first_name, first = items[0]
+    on_cpu_backend = backend.name == "cpu"
+    for name, ref in items:
+        if ref.host != first.host:
+            raise ArgumentError(name, f"an array on the same side as '{first_name}' ({first.describe()})",
+                                ref.describe(), op=op)
+        if not ref.host and on_cpu_backend:
+            raise ArgumentError(name, "a host array: the active backend is the CPU emulator",
+                                f"{ref.describe()}; select the GPU backend with JITOPS_BACKEND or jitops.use_backend",
+                                op=op)
+        if not ref.host and ref.device_index != getattr(backend, "ordinal", 0):
+            raise ArgumentError(name, f"an array on device {getattr(backend, 'ordinal', 0)} (the backend's device)",
+                                ref.describe(), op=op)
+    return first.host
+
+
+def current_stream(ref: ArrayRef) -> int:
+    """The stream a device array's framework is using now (0: the default stream)."""
+    if ref.kind == "torch" and not ref.host:
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(ref.device_index))
+        return int(torch.cuda.current_stream(ref.device_index).cuda_stream)
+    if ref.kind == "cupy":
+        return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0
+
+
+def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any) -> tuple[Any, int]:
+    """A new array of the same kind (and device) as `ref`; returns (object, data pointer)."""
+    if ref.kind == "torch":
+        torch = sys.modules["torch"]
+        tdtype = {v: k for k, v in _torch_dtypes().items()}[dtype]
+        t = torch.empty(shape, dtype=tdtype, device=ref.obj.device)
+        return t, t.data_ptr()
+    if ref.kind == "numpy":
+        a = np.empty(shape, dtype=dtype)
+        return a, a.ctypes.data
+    if ref.kind == "cupy":
+        cupy = sys.modules["cupy"]
+        a = cupy.empty(shape, dtype=dtype)
+        return a, int(a.data.ptr)
+    from .device_array import DeviceArray
+    a = DeviceArray(shape, dtype, backend=backend)
+    return a, a.ptr
+
+
+def host_view(ref: ArrayRef) -> np.ndarray:
+    """A numpy view of a host array (numpy or torch CPU) for copies."""
+    return ref.obj if ref.kind == "numpy" else ref.obj.numpy()

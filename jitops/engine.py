@@ -1,0 +1,298 @@
+"""The engine: problem -> schedule -> rendered source -> cached binary -> launch on the caller's stream.
+
+This is the only place where ops meet a runtime. Everything a repeated call needs (schedule,
+loaded kernels, packed arguments) is prepared once per (op, shapes, attributes, backend) and kept,
+so a cached call costs array classification, output allocation and the launches themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import arrays, codegen
+from .cache import loader
+from .device import DeviceInfo
+from .errors import ArgumentError, ScheduleError
+from .ops import get_op
+from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, frozen_items
+from .records import store as record_store
+from .runtime import get_backend
+from .runtime.base import Backend, Kernel, PackedArgs
+
+log = logging.getLogger("jitops.engine")
+
+
+# ---------------------------------------------------------------- schedules
+
+def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
+                    forced: Schedule | str | None = None) -> tuple[Schedule, str]:
+    """The schedule to run and where it came from: forced, user/bundle/shipped record, or heuristic."""
+    if isinstance(forced, Schedule):
+        return forced, "forced"
+    if isinstance(forced, str):
+        return op.heuristic(problem, device, algorithm=forced), "forced"
+    if forced is not None:
+        raise ArgumentError("schedule", "a jitops Schedule or an algorithm name", type(forced).__name__, op=op.NAME)
+    found = record_store().lookup(device, op.NAME, problem.key())
+    if found is not None:
+        return found
+    return op.heuristic(problem, device), "heuristic"
+
+
+# ---------------------------------------------------------------- prepared plans
+
+@dataclass
+class Step:
+    launch: Launch
+    kernel: Kernel
+    packed: PackedArgs
+    buffer_slots: tuple[tuple[int, str], ...]
+
+
+@dataclass
+class Prepared:
+    op: str
+    problem: Any
+    schedule: Schedule
+    origin: str
+    plan: Plan
+    steps: list[Step]
+    prepare_steps: list[Step]
+    itemsizes: dict[str, int]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    persistent: dict[str, int] = field(default_factory=dict)       # workspace name -> pointer
+    fingerprints: dict[str, Any] = field(default_factory=dict)    # derived workspace -> input identity
+
+
+def kernel_source(device: DeviceInfo, launch: Launch) -> str:
+    return codegen.full_source(device, launch.template, launch.template_params)
+
+
+def _label(op: str, launch: Launch) -> str:
+    return f"{op}.{launch.kernel}"
+
+
+def _make_step(op: str, launch: Launch, backend: Backend, itemsizes: Mapping[str, int]) -> Step:
+    source = kernel_source(backend.device, launch)
+    kernel = loader().kernels(backend, source, [launch.kernel], _label(op, launch))[launch.kernel]
+    kinds, names, slots = [], [], []
+    for i, a in enumerate(launch.args):
+        if isinstance(a, Buf):
+            kinds.append("ptr")
+            names.append(a.name)
+            slots.append((i, a.name))
+        else:
+            kinds.append(a.kind)
+            names.append(f"arg{i}")
+    packed = PackedArgs(kinds, names)
+    for i, a in enumerate(launch.args):
+        if isinstance(a, Scalar):
+            packed.set(i, a.value)
+    return Step(launch, kernel, packed, tuple(slots))
+
+
+def _itemsizes(problem: Any, plan: Plan) -> dict[str, int]:
+    sizes = {n: ITEMSIZE[s.dtype] for n, s in {**problem.inputs(), **problem.outputs()}.items() if s is not None}
+    sizes.update({w.name: 1 for w in plan.workspaces})
+    return sizes
+
+
+def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule | str | None = None) -> Prepared:
+    sched, origin = select_schedule(op, problem, backend.device, schedule)
+    plan = op.plan(problem, sched, backend.device)
+    sizes = _itemsizes(problem, plan)
+    steps = [_make_step(op.NAME, l, backend, sizes) for l in plan.launches]
+    prep = [_make_step(op.NAME, l, backend, sizes) for l in plan.prepare]
+    log.debug("%s %s -> %s [%s]", op.NAME, problem.key(), sched, origin)
+    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, sizes)
+
+
+# ---------------------------------------------------------------- running
+
+class _Cache:
+    def __init__(self) -> None:
+        self.by_call: dict[tuple, Prepared] = {}
+        self.lock = threading.Lock()
+
+
+_cache = _Cache()
+
+
+def clear_prepared() -> None:
+    with _cache.lock:
+        _cache.by_call.clear()
+
+
+def _fingerprint(ref: arrays.ArrayRef) -> Any:
+    """Identity of an input's contents, or None when it cannot be known cheaply (then recompute)."""
+    if ref.kind == "torch":
+        return ("torch", ref.ptr, ref.obj._version, ref.shape, ref.dtype)
+    if ref.host:
+        view = arrays.host_view(ref)
+        return ("host", hashlib.blake2b(view.reshape(-1).view(np.uint8), digest_size=16).hexdigest())
+    return None
+
+
+def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out: Mapping[str, Any] | None = None,
+        schedule: Schedule | str | None = None, backend: Backend | None = None) -> Any:
+    """Run an op on arrays. Returns the single output, or a tuple in the op's output order."""
+    op = get_op(op_name)
+    backend = backend or get_backend()
+    refs = {n: arrays.wrap(v, n, op_name) for n, v in tensors.items() if v is not None}
+    if not refs:
+        raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
+    host = arrays.check_placement(refs, backend, op_name)
+    call_key = (op_name, id(backend), schedule,
+                tuple((n, r.shape, r.dtype) for n, r in refs.items()), frozen_items(attrs))
+    prepared = _cache.by_call.get(call_key)
+    if prepared is None:
+        specs = {n: TensorSpec(tuple(r.shape), r.dtype) for n, r in refs.items()}
+        specs.update({n: None for n in tensors if tensors[n] is None})
+        problem = op.make_problem(specs, attrs)
+        backend.require_device(f"run {op_name}")
+        prepared = prepare(op, problem, backend, schedule)
+        with _cache.lock:
+            _cache.by_call[call_key] = prepared
+    return _execute(prepared, refs, host, backend, out)
+
+
+def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend: Backend,
+             out: Mapping[str, Any] | None) -> Any:
+    primary = next(iter(refs.values()))
+    out_specs = p.problem.outputs()
+    results: dict[str, Any] = {}
+    ptrs: dict[str, tuple[int, int]] = {}
+    staged: list[int] = []
+    copy_back: list[tuple[np.ndarray, int, int]] = []
+    stream = 0 if host else arrays.current_stream(primary)
+    needs_staging = host and backend.name != "cpu"
+
+    for name, spec in out_specs.items():
+        given = (out or {}).get(name)
+        if given is not None:
+            ref = arrays.wrap(given, f"out[{name!r}]" if len(out_specs) > 1 else "out", p.op)
+            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype:
+                raise ArgumentError("out", f"shape {spec.shape} and dtype {spec.dtype}",
+                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
+            if ref.host != host:
+                raise ArgumentError("out", f"an array on the same side as the inputs", ref.describe(), op=p.op)
+            obj, ptr = given, ref.ptr
+        else:
+            obj, ptr = arrays.allocate_like(primary, spec.shape, spec.dtype, backend)
+        results[name] = obj
+        if needs_staging:
+            dptr = backend.alloc(spec.nbytes)
+            staged.append(dptr)
+            host_arr = obj if isinstance(obj, np.ndarray) else obj.numpy()
+            copy_back.append((host_arr, dptr, spec.nbytes))
+            ptr = dptr
+        ptrs[name] = (ptr, spec.nbytes)
+
+    try:
+        for name, ref in refs.items():
+            if needs_staging:
+                dptr = backend.alloc(ref.nbytes)
+                staged.append(dptr)
+                if ref.nbytes:
+                    backend.copy_to_device(dptr, arrays.host_view(ref), ref.nbytes)
+                ptrs[name] = (dptr, ref.nbytes)
+            else:
+                ptrs[name] = (ref.ptr, ref.nbytes)
+        for ws in p.plan.workspaces:
+            ptrs[ws.name] = (_workspace(p, ws, backend, primary, staged, results, stream), ws.nbytes)
+        with p.lock:
+            _run_prepare_steps(p, refs, ptrs, backend, stream)
+            for step in p.steps:
+                _launch(step, ptrs, p.itemsizes, backend, stream)
+        for host_arr, dptr, nbytes in copy_back:
+            if nbytes:
+                backend.copy_to_host(host_arr, dptr, nbytes, stream)
+        if needs_staging:
+            backend.synchronize(stream)
+    finally:
+        for dptr in staged:
+            backend.free(dptr)
+    values = [results[n] for n in out_specs]
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _launch(step: Step, ptrs: Mapping[str, tuple[int, int]], itemsizes: Mapping[str, int], backend: Backend,
+            stream: int) -> None:
+    packed = step.packed
+    for index, name in step.buffer_slots:
+        ptr, nbytes = ptrs[name]
+        packed.set_buffer(index, ptr, nbytes, itemsizes.get(name, 1))
+    l = step.launch
+    backend.launch(step.kernel, l.grid, l.block, l.shared_bytes, packed, stream)
+
+
+def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, staged: list[int],
+               keep: dict, stream: int) -> int:
+    if ws.persistent:
+        ptr = p.persistent.get(ws.name)
+        if ptr is None:
+            ptr = backend.alloc(ws.nbytes)
+            if ws.zero:
+                backend.memset(ptr, 0, ws.nbytes, stream)
+            p.persistent[ws.name] = ptr
+        return ptr
+    if primary.kind == "torch" and not primary.host:
+        obj, ptr = arrays.allocate_like(primary, (ws.nbytes,), "uint8", backend)
+        keep[f"__ws_{ws.name}"] = obj
+    else:
+        ptr = backend.alloc(ws.nbytes)
+        staged.append(ptr)
+    if ws.zero:
+        backend.memset(ptr, 0, ws.nbytes, stream)
+    return ptr
+
+
+def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: Mapping[str, tuple[int, int]],
+                       backend: Backend, stream: int) -> None:
+    if not p.prepare_steps:
+        return
+    stale = False
+    for ws in p.plan.workspaces:
+        if not ws.derived_from:
+            continue
+        fp = tuple(_fingerprint(refs[n]) if n in refs else None for n in ws.derived_from)
+        if any(f is None for f in fp) or p.fingerprints.get(ws.name) != fp:
+            stale = True
+            p.fingerprints[ws.name] = fp
+    if stale:
+        for step in p.prepare_steps:
+            _launch(step, ptrs, p.itemsizes, backend, stream)
+
+
+# ---------------------------------------------------------------- compile without running
+
+@dataclass
+class CompiledKernel:
+    kernel: str
+    template: str
+    key: str
+    binary_bytes: int
+    compile_seconds: float
+    origin: str
+    source: str
+
+
+def compile_problem(op_name: str, problem: Any, backend: Backend,
+                    schedule: Schedule | str | None = None) -> tuple[Schedule, str, list[CompiledKernel]]:
+    """Compile every kernel a problem needs for `backend` (which may be an offline target)."""
+    op = get_op(op_name)
+    sched, origin = select_schedule(op, problem, backend.device, schedule)
+    plan = op.plan(problem, sched, backend.device)
+    out = []
+    for launch in (*plan.prepare, *plan.launches):
+        source = kernel_source(backend.device, launch)
+        built = loader().binary(backend, source, [launch.kernel], _label(op_name, launch))
+        out.append(CompiledKernel(launch.kernel, launch.template, built.key, len(built.binary),
+                                  built.compile_seconds, built.origin, source))
+    return sched, origin, out

@@ -1,0 +1,238 @@
+"""What an operator module provides, and the plain data it hands to the engine.
+
+An op module knows shapes, schedules and templates. It never touches a driver, a cache or an
+array library: it turns tensor specs + attributes into a Problem, picks Schedules for a
+DeviceInfo, and describes the kernel launches of a Plan. The engine does the rest.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..device import DeviceInfo
+from ..errors import ArgumentError
+
+FLOAT_DTYPES = ("float32", "float16")
+ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2}
+C_TYPE = {"float32": "float", "float16": "jt_half"}
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ITEMSIZE[self.dtype]
+
+    def __str__(self) -> str:
+        return f"{'x'.join(map(str, self.shape)) or 'scalar'}:{self.dtype}"
+
+
+def frozen_items(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, _freeze(v)) for k, v in mapping.items()))
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return frozen_items(v)
+    return v
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An algorithm and its parameters. `why` explains a heuristic choice (not part of identity)."""
+
+    algorithm: str
+    params: tuple[tuple[str, Any], ...] = ()
+    why: str = field(default="", compare=False)
+
+    @staticmethod
+    def make(algorithm: str, why: str = "", **params: Any) -> "Schedule":
+        return Schedule(algorithm, frozen_items(params), why)
+
+    def __getitem__(self, name: str) -> Any:
+        for k, v in self.params:
+            if k == name:
+                return v
+        raise KeyError(f"schedule {self.algorithm} has no parameter '{name}'")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "params": {k: v for k, v in self.params}}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Schedule":
+        return Schedule.make(d["algorithm"], **dict(d.get("params", {})))
+
+    def __str__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.algorithm}({inner})"
+
+
+@dataclass(frozen=True)
+class Buf:
+    """A tensor argument: an input, an output or a workspace, by name."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Scalar:
+    kind: str  # i32 | u32 | i64 | u64 | f32 | f64
+    value: Any
+
+
+@dataclass(frozen=True)
+class Launch:
+    template: str
+    kernel: str
+    params: tuple[tuple[str, Any], ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[Buf | Scalar, ...]
+    shared_bytes: int = 0
+
+    @staticmethod
+    def make(template: str, kernel: str, params: Mapping[str, Any], grid: Sequence[int], block: Sequence[int],
+             args: Iterable[Buf | Scalar], shared_bytes: int = 0) -> "Launch":
+        g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
+        b = tuple(int(v) for v in block) + (1,) * (3 - len(block))
+        return Launch(template, kernel, frozen_items({**params, "kernel_name": kernel}), g, b, tuple(args),
+                      int(shared_bytes))
+
+    @property
+    def template_params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.params}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Device memory a plan needs besides inputs and outputs.
+
+    persistent: kept across calls (self-resetting grid-reduction counters, transformed weights).
+    zero: filled with zeros once, when allocated.
+    derived_from: inputs whose contents this workspace is computed from by the plan's `prepare`
+    launches; the engine re-runs them when one of those inputs changes.
+    """
+
+    name: str
+    nbytes: int
+    persistent: bool = False
+    zero: bool = False
+    derived_from: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    launches: tuple[Launch, ...]
+    workspaces: tuple[Workspace, ...] = ()
+    prepare: tuple[Launch, ...] = ()
+
+
+class Problem(Protocol):
+    """A validated op instance: shapes, dtypes and attributes. Hashable."""
+
+    def key(self) -> str: ...
+    def inputs(self) -> dict[str, TensorSpec]: ...
+    def outputs(self) -> dict[str, TensorSpec]: ...
+
+
+class OpModule(Protocol):
+    """The functions each module in jitops/ops/ defines."""
+
+    NAME: str
+    INPUTS: tuple[str, ...]         # positional tensor inputs, in order (optional ones may be None)
+
+    def make_problem(self, inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> Problem: ...
+    def parse_problem(self, spec: Mapping[str, str]) -> Problem: ...
+    def heuristic(self, problem: Any, device: DeviceInfo, algorithm: str | None = None) -> Schedule: ...
+    def candidates(self, problem: Any, device: DeviceInfo) -> list[Schedule]: ...
+    def plan(self, problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan: ...
+    def reference(self, problem: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def random_inputs(self, problem: Any, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
+    def tolerance(self, problem: Any, schedule: Schedule) -> tuple[float, float]: ...
+
+
+# ---- helpers shared by op modules ----
+
+def require_dtype(op: str, name: str, spec: TensorSpec, allowed: Sequence[str] = FLOAT_DTYPES) -> None:
+    if spec.dtype not in allowed:
+        raise ArgumentError(name, f"dtype in {{{', '.join(allowed)}}}", spec.dtype, op=op)
+
+
+def require_same_dtype(op: str, name: str, spec: TensorSpec, like: TensorSpec, like_name: str) -> None:
+    if spec.dtype != like.dtype:
+        raise ArgumentError(name, f"the dtype of '{like_name}' ({like.dtype})", spec.dtype, op=op)
+
+
+def require_rank(op: str, name: str, spec: TensorSpec, ranks: Sequence[int] | int) -> None:
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if len(spec.shape) not in ranks:
+        want = " or ".join(str(r) for r in ranks)
+        raise ArgumentError(name, f"a tensor of rank {want}", f"shape {spec.shape}", op=op)
+
+
+def require_shape(op: str, name: str, spec: TensorSpec, shape: Sequence[int]) -> None:
+    if tuple(spec.shape) != tuple(shape):
+        raise ArgumentError(name, f"shape {tuple(shape)}", f"shape {spec.shape}", op=op)
+
+
+def index_type(*extents: int) -> str:
+    """32-bit indexing when every offset fits (seed 003), else 64-bit."""
+    return "int" if max(extents, default=0) <= INT32_MAX else "jt_int64"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'1x64x56x56' -> (1, 64, 56, 56)."""
+    try:
+        dims = tuple(int(p) for p in str(text).lower().split("x"))
+    except ValueError as exc:
+        raise ArgumentError("shape", "dimensions written AxBxC (e.g. 1x64x56x56)", text) from exc
+    if any(d < 0 for d in dims):
+        raise ArgumentError("shape", "non-negative dimensions", text)
+    return dims
+
+
+def parse_value(text: str) -> Any:
+    """CLI attribute values: ints, floats, lists 'a,b', booleans, else the string."""
+    t = str(text)
+    if "," in t:
+        return tuple(parse_value(p) for p in t.split(","))
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def problem_key(op: str, inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> str:
+    parts = [f"{k}={v}" for k, v in inputs.items() if v is not None]
+    parts += [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(attrs.items())]
+    return f"{op}:" + ";".join(parts)

@@ -1,0 +1,160 @@
+"""leaky_relu: y = x if x > 0 else alpha * x, elementwise, fp32 or fp16.
+
+Memory-bound: the schedule's job is to keep enough 16-byte accesses in flight. Choices: vector
+width, vectors per thread (loads issued before use), block size, a grid-stride cap for huge
+tensors, 32- or 64-bit indexing. `naive` (one thread per element) is the seeds' baseline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..device import DeviceInfo
+from ..errors import ArgumentError, ScheduleError
+from .base import (C_TYPE, ITEMSIZE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, ceil_div,
+                   index_type, parse_shape, problem_key, require_dtype)
+
+NAME = "leaky_relu"
+INPUTS = ("x",)
+ALGORITHMS = ("vectorized", "naive")
+TEMPLATES = {"naive": "leaky_relu/naive.hip.j2", "vectorized": "leaky_relu/vectorized.hip.j2"}
+
+
+@dataclass(frozen=True)
+class LeakyReluProblem:
+    shape: tuple[int, ...]
+    dtype: str
+    alpha: float
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def inputs(self) -> dict[str, TensorSpec]:
+        return {"x": TensorSpec(self.shape, self.dtype)}
+
+    def outputs(self) -> dict[str, TensorSpec]:
+        return {"y": TensorSpec(self.shape, self.dtype)}
+
+    def key(self) -> str:
+        # Records key on the element count: leaky_relu does not care about the shape.
+        return problem_key(NAME, {"x": TensorSpec((self.numel,), self.dtype)}, {})
+
+    def bytes_moved(self) -> int:
+        return 2 * self.numel * ITEMSIZE[self.dtype]
+
+
+def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> LeakyReluProblem:
+    x = inputs.get("x")
+    if x is None:
+        raise ArgumentError("x", "a tensor", None, op=NAME)
+    require_dtype(NAME, "x", x)
+    alpha = attrs.get("alpha", 0.01)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+        raise ArgumentError("alpha", "a real number", repr(alpha), op=NAME)
+    alpha = float(alpha)
+    if not np.isfinite(alpha):
+        raise ArgumentError("alpha", "a finite number", alpha, op=NAME)
+    return LeakyReluProblem(tuple(int(s) for s in x.shape), x.dtype, alpha)
+
+
+def parse_problem(spec: Mapping[str, str]) -> LeakyReluProblem:
+    shape = parse_shape(spec.get("x", "1048576"))
+    extra = set(spec) - {"x", "dtype", "alpha"}
+    if extra:
+        raise ArgumentError(sorted(extra)[0], "one of x, dtype, alpha", op=NAME)
+    return make_problem({"x": TensorSpec(shape, spec.get("dtype", "float32"))},
+                        {"alpha": float(spec.get("alpha", 0.01))})
+
+
+def _vectorized(problem: LeakyReluProblem, device: DeviceInfo, vec: int, unroll: int, block: int,
+                waves: int, why: str = "") -> Schedule:
+    return Schedule.make("vectorized", why=why, vec=vec, unroll=unroll, block=block, waves=waves)
+
+
+def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
+    algorithm = algorithm or "vectorized"
+    if algorithm not in ALGORITHMS:
+        raise ScheduleError(f"leaky_relu has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+    n = problem.numel
+    if algorithm == "naive":
+        return Schedule.make("naive", why="one thread per element (baseline)", block=256)
+    vec = 16 // ITEMSIZE[problem.dtype]
+    block = 256
+    resident_blocks = device.multiprocessors * max(1, 2048 // block)
+    # Enough vectors per thread to keep several 16-byte loads in flight, but not so many that a
+    # mid-sized tensor leaves multiprocessors idle.
+    unroll = 1
+    for u in (4, 2):
+        if ceil_div(n, vec * u * block) >= 2 * resident_blocks:
+            unroll = u
+            break
+    # Past ~16 waves of blocks a grid-stride loop with a capped grid saves block scheduling.
+    waves = 0 if ceil_div(n, vec * unroll * block) <= 16 * resident_blocks else 8
+    why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} in flight per thread, "
+           f"{block} threads per block, " + ("one pass" if waves == 0 else f"grid-stride over {waves} waves of "
+                                                f"{resident_blocks} resident blocks"))
+    return _vectorized(problem, device, vec, unroll, block, waves, why)
+
+
+def candidates(problem: LeakyReluProblem, device: DeviceInfo) -> list[Schedule]:
+    out = [heuristic(problem, device, "naive")]
+    max_vec = 16 // ITEMSIZE[problem.dtype]
+    for vec in sorted({max_vec, max_vec // 2}):
+        for unroll in (1, 2, 4, 8):
+            for block in (128, 256, 512):
+                for waves in (0, 4, 8, 16):
+                    out.append(_vectorized(problem, device, vec, unroll, block, waves))
+    return out
+
+
+def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    n = problem.numel
+    ctype = C_TYPE[problem.dtype]
+    if n == 0:
+        return Plan(launches=())
+    if schedule.algorithm == "naive":
+        block = int(schedule["block"])
+        grid = ceil_div(n, block)
+        if grid > INT32_MAX:
+            raise ScheduleError(f"naive leaky_relu cannot cover {n} elements with one thread each")
+        idx = index_type(n + block)
+        params = {"ctype": ctype, "index_type": idx, "block": block}
+    elif schedule.algorithm == "vectorized":
+        vec, unroll, block, waves = (int(schedule[k]) for k in ("vec", "unroll", "block", "waves"))
+        if vec * ITEMSIZE[problem.dtype] > 16 or 16 % (vec * ITEMSIZE[problem.dtype]):
+            raise ScheduleError(f"vector of {vec} {problem.dtype} is not a power-of-two access of at most 16 bytes")
+        if block > device.max_threads_per_block or block % device.warp_size:
+            raise ScheduleError(f"block of {block} threads does not fit {device.name}")
+        full = ceil_div(n, vec * unroll * block)
+        cap = waves * device.multiprocessors * max(1, 2048 // block)
+        grid = max(1, min(full, cap) if waves else full)
+        idx = index_type(n + grid * block * unroll * vec + 16)
+        params = {"ctype": ctype, "index_type": idx, "block": block, "vec": vec, "unroll": unroll,
+                  "grid_stride": bool(waves) and cap < full}
+    else:
+        raise ScheduleError(f"leaky_relu has no algorithm '{schedule.algorithm}'")
+    args = (Buf("x"), Buf("y"), Scalar("i32" if idx == "int" else "i64", n), Scalar("f32", problem.alpha))
+    launch = Launch.make(TEMPLATES[schedule.algorithm], f"leaky_relu_{schedule.algorithm}", params,
+                         (grid,), (block,), args)
+    return Plan(launches=(launch,))
+
+
+def reference(problem: LeakyReluProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    x = np.asarray(inputs["x"], dtype=np.float64)
+    return {"y": np.where(x > 0, x, problem.alpha * x)}
+
+
+def random_inputs(problem: LeakyReluProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal(problem.shape).astype(problem.dtype)}
+
+
+def tolerance(problem: LeakyReluProblem, schedule: Schedule) -> tuple[float, float]:
+    # One multiply, rounded once to the output type.
+    return (1e-6, 0.0) if problem.dtype == "float32" else (1e-3, 1e-6)
+
+
+def bytes_moved(problem: LeakyReluProblem) -> int:
+    return problem.bytes_moved()
