@@ -18,6 +18,7 @@ DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8", "bfloat16"
 _TYPESTR = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64", "|u1": "uint8",
             "<u1": "uint8"}
 _TORCH_DTYPES: dict[Any, str] = {}
+_TORCH_BY_NAME: dict[str, Any] = {}
 
 
 class ArrayRef:
@@ -47,6 +48,7 @@ def _torch_dtypes() -> dict[Any, str]:
         _TORCH_DTYPES.update({torch.float32: "float32", torch.float16: "float16", torch.float64: "float64",
                               torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8",
                               torch.bfloat16: "bfloat16"})
+        _TORCH_BY_NAME.update({v: k for k, v in _TORCH_DTYPES.items()})
     return _TORCH_DTYPES
 
 
@@ -149,8 +151,7 @@ def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any) -> tupl
     """A new array of the same kind (and device) as `ref`; returns (object, data pointer)."""
     if ref.kind == "torch":
         torch = sys.modules["torch"]
-        tdtype = {v: k for k, v in _torch_dtypes().items()}[dtype]
-        t = torch.empty(shape, dtype=tdtype, device=ref.obj.device)
+        t = torch.empty(shape, dtype=_TORCH_BY_NAME[dtype], device=ref.obj.device)
         return t, t.data_ptr()
     if ref.kind == "numpy":
         a = np.empty(shape, dtype=dtype)

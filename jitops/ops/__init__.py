@@ -12,11 +12,18 @@ OP_MODULES = {
 }
 
 
+_loaded: dict[str, ModuleType] = {}
+
+
 def get_op(name: str) -> ModuleType:
+    op = _loaded.get(name)
+    if op is not None:
+        return op
     module = OP_MODULES.get(name)
     if module is None:
         raise ArgumentError("op", f"one of {', '.join(sorted(OP_MODULES))}", name)
-    return importlib.import_module(f"{__name__}.{module}")
+    op = _loaded[name] = importlib.import_module(f"{__name__}.{module}")
+    return op
 
 
 def op_names() -> list[str]:

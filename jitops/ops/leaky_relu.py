@@ -120,7 +120,7 @@ def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> P
         grid = ceil_div(n, block)
         if grid > INT32_MAX:
             raise ScheduleError(f"naive leaky_relu cannot cover {n} elements with one thread each")
-        idx = index_type(n + block)
+        idx = _index(schedule, n + block)
         params = {"ctype": ctype, "index_type": idx, "block": block}
     elif schedule.algorithm == "vectorized":
         vec, unroll, block, waves = (int(schedule[k]) for k in ("vec", "unroll", "block", "waves"))
@@ -131,7 +131,7 @@ def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> P
         full = ceil_div(n, vec * unroll * block)
         cap = waves * device.multiprocessors * max(1, 2048 // block)
         grid = max(1, min(full, cap) if waves else full)
-        idx = index_type(n + grid * block * unroll * vec + 16)
+        idx = _index(schedule, n + grid * block * unroll * vec + 16)
         params = {"ctype": ctype, "index_type": idx, "block": block, "vec": vec, "unroll": unroll,
                   "grid_stride": bool(waves) and cap < full}
     else:
@@ -140,6 +140,24 @@ def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> P
     launch = Launch.make(TEMPLATES[schedule.algorithm], f"leaky_relu_{schedule.algorithm}", params,
                          (grid,), (block,), args)
     return Plan(launches=(launch,))
+
+
+def _index(schedule: Schedule, largest_offset: int) -> str:
+    """32-bit indexing when every offset fits, unless the schedule forces 64-bit (index="int64")."""
+    return "jt_int64" if schedule.get("index") == "int64" else index_type(largest_offset)
+
+
+def variants(device: DeviceInfo) -> list[tuple[LeakyReluProblem, Schedule]]:
+    """Problems and schedules that together reach every branch of every template (compile checks)."""
+    out = []
+    for dtype in ("float32", "float16"):
+        p = make_problem({"x": TensorSpec((1 << 20,), dtype)}, {"alpha": 0.1})
+        vec = 16 // ITEMSIZE[dtype]
+        out.append((p, heuristic(p, device, "naive")))
+        out.append((p, _vectorized(p, device, vec, 4, 256, 0)))
+        out.append((p, _vectorized(p, device, vec, 2, 128, 1)))      # grid-stride
+        out.append((p, Schedule.make("vectorized", vec=vec, unroll=1, block=256, waves=0, index="int64")))
+    return out
 
 
 def reference(problem: LeakyReluProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

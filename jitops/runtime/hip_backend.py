@@ -57,6 +57,7 @@ def hip_environment() -> dict[str, str]:
     if lib is None:
         raise BackendUnavailable("hip backend: no hiprtc library found (install ROCm, or on Debian "
                                  "'apt install libamdhip64-dev libhiprtc-builtins5 rocm-device-libs')")
+    lib_dir = lib.parent
     if not lib.name.startswith("libhiprtc"):
         shim = config.cache_dir() / "hip-shim"
         link = shim / "lib" / "libhiprtc.so"
@@ -68,8 +69,11 @@ def hip_environment() -> dict[str, str]:
             tmp.symlink_to(lib.resolve())
             os.replace(tmp, link)
         env["ROCM_PATH"] = str(shim)
-        # Only the shim folder: a system lib dir first on LD_LIBRARY_PATH can swap the interpreter's libpython.
-        env["LD_LIBRARY_PATH"] = f"{shim / 'lib'}:" + env.get("LD_LIBRARY_PATH", "")
+        lib_dir = link.parent
+    # hip-python dlopens "libhiprtc.so" by name. Only a non-system folder is added: a system lib
+    # dir first on LD_LIBRARY_PATH can swap the interpreter's own libpython.
+    if str(lib_dir) not in _LIB_DIRS:
+        env["LD_LIBRARY_PATH"] = f"{lib_dir}:" + env.get("LD_LIBRARY_PATH", "")
     return env
 
 
@@ -115,7 +119,6 @@ class HipBackend(Backend):
 
     # ---- device ----
     def _probe_device(self) -> DeviceInfo:
-        os.environ.update({k: v for k, v in hip_environment().items() if k in ("HIP_PLATFORM", "ROCM_PATH")})
         try:
             from hip import hip
         except Exception as exc:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for jitops: system packages for the hiprtc (gfx90a) compile checks and
+# the CPU emulator, then jitops itself with its test and CUDA (NVRTC) extras.
+# Safe to run again; skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="g++ hipcc libamdhip64-dev libhiprtc-builtins5 rocm-device-libs"
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  missing=""
+  for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  if [ -n "$missing" ]; then
+    echo "setup: apt-get install$missing"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  fi
+else
+  echo "setup: not root or no apt-get; skipping system packages ($APT_PACKAGES)" >&2
+fi
+
+PIP="python3 -m pip install -q --disable-pip-version-check"
+# A CPU build of torch, when this machine keeps one on disk (tests of torch interop use it).
+if ! python3 -c "import torch" 2>/dev/null; then
+  wheel=$(ls /opt/wheels/torch-*cpu*.whl 2>/dev/null | head -n 1 || true)
+  if [ -n "$wheel" ]; then $PIP "$wheel"; fi
+fi
+$PIP -e ".[test,cuda,onnx]"
+# hip-python matching Debian's ROCm 5.2 libraries (hiprtc lives in libamdhip64 there).
+if [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ]; then
+  python3 -c "import hip" 2>/dev/null || $PIP "hip-python==6.2.0.499.16"
+fi
+echo "setup: done"

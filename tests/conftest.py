@@ -1,0 +1,35 @@
+"""Test setup: one fresh binary cache for the session, emulator backends for warp 32 and 64."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+# Before jitops is imported anywhere: a private cache, so tests never read a stale user cache.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="jitops-test-cache-")
+os.environ.setdefault("JITOPS_CACHE_DIR", _SESSION_CACHE)
+os.environ.setdefault("JITOPS_BACKEND", "cpu")
+
+import jitops  # noqa: E402
+from jitops.runtime import get_backend, use_backend  # noqa: E402
+
+
+@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
+def emu(request):
+    """The CPU emulator in checked mode (bounds and deadlock checks), for each warp size."""
+    backend = get_backend("cpu", warp_size=request.param, checked=True)
+    with use_backend(backend):
+        yield backend
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
+    return float(np.abs(got - ref).max(initial=0.0) / scale)

@@ -1,0 +1,98 @@
+"""leaky_relu numerics on the emulator (both warp sizes) against a float64 reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops.ops.base import Schedule
+
+from conftest import rel_error
+
+SIZES = [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4097, 65537]
+# One rounding of alpha * x to the output type: half an ulp relative (fp32 2^-24, fp16 2^-11),
+# measured against the largest |reference| value.
+TOL = {"float32": 1.2e-7, "float16": 1e-3}
+
+
+def reference(x: np.ndarray, alpha: float) -> np.ndarray:
+    xd = x.astype(np.float64)
+    return np.where(xd > 0, xd, alpha * xd)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("algorithm", ["vectorized", "naive"])
+def test_sizes(emu, rng, dtype, algorithm):
+    for n in SIZES:
+        x = rng.standard_normal(n).astype(dtype)
+        out = np.full(n, np.nan, dtype=dtype)   # poison: an unwritten element stays NaN
+        y = jitops.leaky_relu(x, 0.2, out=out, schedule=algorithm)
+        assert y is out
+        assert not np.isnan(y).any(), f"n={n}: elements left unwritten"
+        assert rel_error(y, reference(x, 0.2)) <= TOL[dtype], f"n={n}"
+
+
+def test_exact_fp32_matches_numpy_float32_arithmetic(emu, rng):
+    x = rng.standard_normal(100003).astype(np.float32)
+    y = jitops.leaky_relu(x, 0.1)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    assert np.abs(y - np.where(x > 0, x, 0.1 * x)).max() == 0.0
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3, 5])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_misaligned_views(emu, rng, dtype, offset):
+    base = rng.standard_normal(10000).astype(dtype)
+    x = base[offset:]                      # not 16-byte aligned
+    y = jitops.leaky_relu(x, 0.05)
+    assert rel_error(y, reference(x, 0.05)) <= TOL[dtype]
+    # Same misalignment for input and output: the vector body runs after a scalar head.
+    out_base = np.full(10000, np.nan, dtype=dtype)
+    out = out_base[offset:]
+    jitops.leaky_relu(x, 0.05, out=out)
+    assert np.isnan(out_base[:offset]).all(), "wrote before the output view"
+    assert rel_error(out, reference(x, 0.05)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("params", [
+    dict(vec=4, unroll=2, block=128, waves=1),            # grid-stride loop with a capped grid
+    dict(vec=2, unroll=8, block=512, waves=0),
+    dict(vec=4, unroll=1, block=256, waves=0, index="int64"),
+])
+def test_forced_schedules(emu, rng, params):
+    x = rng.standard_normal(50001).astype(np.float32)
+    y = jitops.leaky_relu(x, 0.3, schedule=Schedule.make("vectorized", **params))
+    assert rel_error(y, reference(x, 0.3)) <= TOL["float32"]
+
+
+def test_special_values(emu):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38], dtype=np.float32)
+    y = jitops.leaky_relu(x, 0.5)
+    ref = np.where(x > 0, x, np.float32(0.5) * x)
+    np.testing.assert_array_equal(y, ref)
+    assert np.signbit(y[4])  # -0.0 stays -0.0
+
+
+def test_shapes_are_kept(emu, rng):
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    y = jitops.leaky_relu(x)
+    assert y.shape == (3, 5, 7)
+    assert rel_error(y, reference(x, 0.01)) <= TOL["float32"]
+    empty = np.empty((0, 4), dtype=np.float32)
+    assert jitops.leaky_relu(empty).shape == (0, 4)
+
+
+def test_torch_cpu_tensors(emu):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(1001)
+    y = jitops.leaky_relu(x, 0.1)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32
+    assert torch.equal(y, torch.nn.functional.leaky_relu(x, 0.1))
+
+
+def test_device_array(emu, rng):
+    x = rng.standard_normal(777).astype(np.float32)
+    dx = jitops.to_device(x)
+    dy = jitops.leaky_relu(dx, 0.1)
+    assert isinstance(dy, jitops.DeviceArray)
+    assert rel_error(dy.numpy(), reference(x, 0.1)) <= TOL["float32"]
