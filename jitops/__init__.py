@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ._version import __version__
-from .api import leaky_relu
+from .api import attention, batch_norm, conv2d, group_norm, layer_norm, leaky_relu, rms_norm
 from .device import DeviceInfo
 from .device_array import DeviceArray, empty, to_device
 from .errors import (ArgumentError, BackendUnavailable, CompileError, DeviceRequired, EmulatorFault, JitopsError,
@@ -23,7 +23,7 @@ from .runtime import get_backend, use_backend
 logging.getLogger("jitops").addHandler(logging.NullHandler())
 
 __all__ = [
-    "__version__", "leaky_relu",
+    "__version__", "leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm",
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
     "LaunchError", "ScheduleError",

@@ -1,19 +1,73 @@
-"""The public op functions. Each validates nothing itself: the op module and the engine do."""
+"""The public op functions: typed signatures and docs; the op modules and the engine do the work.
+
+Every function takes arrays of one kind (numpy, torch, CuPy, __cuda_array_interface__ objects or
+jitops.DeviceArray) and returns the same kind. Keyword-only `out` receives the result in place of
+a new array; `schedule` forces an algorithm by name or a full jitops.Schedule.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from . import engine
 from .ops.base import Schedule
 
 ScheduleArg = Schedule | str | None
+IntOrPair = int | Sequence[int]
+
+
+def _out(name: str, out: Any) -> dict[str, Any] | None:
+    return {name: out} if out is not None else None
 
 
 def leaky_relu(x: Any, alpha: float = 0.01, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """y = x if x > 0 else alpha * x (fp32 or fp16), as the same kind of array as x.
+    """y = x if x > 0 else alpha * x (fp32 or fp16). Algorithms: "vectorized", "naive"."""
+    return engine.run("leaky_relu", {"x": x}, {"alpha": alpha}, out=_out("y", out), schedule=schedule)
 
-    `out` receives the result in place of a new array; `schedule` forces an algorithm
-    ("vectorized", "naive") or a full Schedule.
+
+def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
+           dilation: IntOrPair = 1, groups: int = 1, activation: str | None = None, alpha: float = 0.01, *,
+           out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """2-D convolution, NCHW input and OIHW weights, fp32 or fp16 (fp32 accumulation).
+
+    padding: an int, a pair (h, w) or four values (top, left, bottom, right) as in ONNX.
+    activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.
     """
-    return engine.run("leaky_relu", {"x": x}, {"alpha": alpha}, out={"y": out} if out is not None else None,
-                      schedule=schedule)
+    return engine.run("conv2d", {"x": x, "w": w, "bias": bias},
+                      {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+                       "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
+
+
+def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: float | None = None, *,
+              out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """softmax(scale * q k^T + mask) v for q of shape [B, Sq, D] or [B, H, Sq, D]; fp32 or fp16."""
+    return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask}, {"causal": causal, "scale": scale},
+                      out=_out("out", out), schedule=schedule)
+
+
+def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 1e-5,
+               activation: str | None = None, alpha: float = 0.01, *, out: Any = None,
+               schedule: ScheduleArg = None) -> Any:
+    """Inference batch norm over axis 1 (NCHW or any rank >= 2), optional fused activation."""
+    return engine.run("batch_norm", {"x": x, "mean": mean, "var": var, "gamma": gamma, "beta": beta},
+                      {"eps": eps, "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
+
+
+def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *, out: Any = None,
+               schedule: ScheduleArg = None) -> Any:
+    """Group norm of NCHW input with per-channel gamma and beta."""
+    return engine.run("group_norm", {"x": x, "gamma": gamma, "beta": beta}, {"num_groups": num_groups, "eps": eps},
+                      out=_out("y", out), schedule=schedule)
+
+
+def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, beta: Any = None,
+               eps: float = 1e-5, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """Layer norm over the trailing `normalized_shape` dims."""
+    return engine.run("layer_norm", {"x": x, "gamma": gamma, "beta": beta},
+                      {"normalized_shape": normalized_shape, "eps": eps}, out=_out("y", out), schedule=schedule)
+
+
+def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, eps: float = 1e-6, *,
+             out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """RMS norm over the trailing `normalized_shape` dims."""
+    return engine.run("rms_norm", {"x": x, "gamma": gamma}, {"normalized_shape": normalized_shape, "eps": eps},
+                      out=_out("y", out), schedule=schedule)

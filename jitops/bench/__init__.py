@@ -13,6 +13,7 @@ import logging
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -22,7 +23,13 @@ from .timing import Timer, copy_bandwidth_gbs
 
 log = logging.getLogger("jitops.bench")
 
-BENCH_OPS = ("leaky_relu",)
+BENCH_ORDER = ("leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm")
+
+
+def bench_ops() -> list[str]:
+    """Ops with a bench module here (bench/<op>.py), in a stable order."""
+    here = Path(__file__).resolve().parent
+    return [op for op in BENCH_ORDER if (here / f"{op}.py").is_file()]
 
 
 @dataclass
@@ -148,7 +155,7 @@ def run(ops: Iterable[str] | None = None, quick: bool = False, json_path: str | 
          f"jitops {env['jitops']} bench on {env['device']} ({env['backend']}): correctness and emulator timings only")
     rows: list[Row] = []
     extras: dict[str, Any] = {}
-    for op in ops or BENCH_OPS:
+    for op in ops or bench_ops():
         module = importlib.import_module(f"{__name__}.{op}")
         for case in module.cases(ctx):
             try:
