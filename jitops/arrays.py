@@ -52,6 +52,13 @@ def _torch_dtypes() -> dict[Any, str]:
     return _TORCH_DTYPES
 
 
+def torch_dtype(name: str) -> Any:
+    """The torch dtype for a jitops dtype name."""
+    if not _TORCH_BY_NAME:
+        _torch_dtypes()
+    return _TORCH_BY_NAME[name]
+
+
 def is_torch(obj: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
@@ -151,7 +158,7 @@ def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any) -> tupl
     """A new array of the same kind (and device) as `ref`; returns (object, data pointer)."""
     if ref.kind == "torch":
         torch = sys.modules["torch"]
-        t = torch.empty(shape, dtype=_TORCH_BY_NAME[dtype], device=ref.obj.device)
+        t = torch.empty(shape, dtype=torch_dtype(dtype), device=ref.obj.device)
         return t, t.data_ptr()
     if ref.kind == "numpy":
         a = np.empty(shape, dtype=dtype)

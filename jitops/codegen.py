@@ -3,6 +3,10 @@
 Templates are written once, in HIP C++, against the jitops prelude (templates/common/prelude.h.j2),
 which spells what differs between HIP, CUDA and the CPU emulator. Undefined template variables
 are errors (StrictUndefined), so a schedule that forgets a parameter fails loudly.
+
+Rendered sources are remembered on disk, keyed by a hash of every template file, the template
+name and its parameters: a warm start renders nothing and does not even import Jinja, and any
+template edit changes the hash.
 """
 from __future__ import annotations
 
@@ -13,8 +17,6 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import jinja2
-
 from . import config
 from .device import DeviceInfo
 
@@ -24,7 +26,8 @@ PRELUDE = "common/prelude.h.j2"
 
 
 @functools.lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
+def environment() -> Any:
+    import jinja2
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(config.templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -58,10 +61,46 @@ def prelude(backend: str, arch: str, warp_size: int) -> str:
     return environment().get_template(PRELUDE).render(backend=backend, arch=arch, warp_size=warp_size)
 
 
+@functools.lru_cache(maxsize=1)
+def templates_fingerprint() -> str:
+    """Hash of every template file: part of each rendered-source key, so any edit is a new key."""
+    h = hashlib.sha256()
+    root = config.templates_dir()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".j2", ".h")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def reset() -> None:
+    """Forget loaded templates and rendered sources (after editing templates in-process)."""
+    environment.cache_clear()
+    prelude.cache_clear()
+    templates_fingerprint.cache_clear()
+    _rendered.clear()
+
+
+_rendered: dict[str, str] = {}
+
+
+def _render_full(device: DeviceInfo, template: str, params: Mapping[str, Any]) -> str:
+    body = render(template, {**params, "warp_size": device.warp_size})
+    return prelude(device.backend, device.arch, device.warp_size) + "\n" + body
+
+
 def full_source(device: DeviceInfo, template: str, params: Mapping[str, Any]) -> str:
     """Prelude for the device's backend + the rendered kernel: what the compiler sees."""
-    body = render(template, {**params, "warp_size": device.warp_size})
-    source = prelude(device.backend, device.arch, device.warp_size) + "\n" + body
+    from .cache import loader
+    key = hashlib.sha256(repr((templates_fingerprint(), template, sorted(params.items()), device.backend,
+                               device.arch, device.warp_size)).encode()).hexdigest()
+    source = _rendered.get(key)
+    if source is None:
+        disk = loader().disk if loader().disk_enabled else None
+        cached = disk.get("src-" + key) if disk is not None else None
+        source = cached.decode() if cached is not None else _render_full(device, template, params)
+        if disk is not None and cached is None:
+            disk.put("src-" + key, source.encode(), {"template": template})
+        _rendered[key] = source
     dump_dir = os.environ.get(config.ENV_DUMP_DIR)
     if dump_dir:
         dump_source(Path(dump_dir), template, device, source)

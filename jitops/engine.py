@@ -18,11 +18,12 @@ import numpy as np
 from . import arrays, codegen
 from .cache import loader
 from .device import DeviceInfo
-from .errors import ArgumentError, ScheduleError
+from .errors import ArgumentError
+from .fastcall import BoundCall, NoFastPath, signature
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, frozen_items
 from .records import store as record_store
-from .runtime import get_backend
+from .runtime import current_backend
 from .runtime.base import Backend, Kernel, PackedArgs
 
 log = logging.getLogger("jitops.engine")
@@ -53,6 +54,7 @@ class Step:
     kernel: Kernel
     packed: PackedArgs
     buffer_slots: tuple[tuple[int, str], ...]
+    run: Any = None     # backend.bind_launch(...): (packed, stream) -> None
 
 
 @dataclass
@@ -94,7 +96,8 @@ def _make_step(op: str, launch: Launch, backend: Backend, itemsizes: Mapping[str
     for i, a in enumerate(launch.args):
         if isinstance(a, Scalar):
             packed.set(i, a.value)
-    return Step(launch, kernel, packed, tuple(slots))
+    run = backend.bind_launch(kernel, launch.grid, launch.block, launch.shared_bytes)
+    return Step(launch, kernel, packed, tuple(slots), run)
 
 
 def _itemsizes(problem: Any, plan: Plan) -> dict[str, int]:
@@ -117,7 +120,8 @@ def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule |
 
 class _Cache:
     def __init__(self) -> None:
-        self.by_call: dict[tuple, Prepared] = {}
+        self.by_call: dict[tuple, Prepared] = {}         # general path: by shapes and attributes
+        self.bound: dict[tuple, BoundCall | None] = {}   # repeat-call path: by call signature
         self.lock = threading.Lock()
 
 
@@ -127,6 +131,7 @@ _cache = _Cache()
 def clear_prepared() -> None:
     with _cache.lock:
         _cache.by_call.clear()
+        _cache.bound.clear()
 
 
 def _fingerprint(ref: arrays.ArrayRef) -> Any:
@@ -142,8 +147,49 @@ def _fingerprint(ref: arrays.ArrayRef) -> Any:
 def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out: Mapping[str, Any] | None = None,
         schedule: Schedule | str | None = None, backend: Backend | None = None) -> Any:
     """Run an op on arrays. Returns the single output, or a tuple in the op's output order."""
+    backend = backend or current_backend()
+    values = tuple(tensors.values())
+    try:
+        key: tuple | None = (op_name, backend, schedule, tuple(attrs.values()), *map(signature, values))
+        bound = _cache.bound.get(key)
+        if bound:
+            return bound(values, out)
+    except TypeError:   # an unhashable attribute (a list): key it by a hashable copy
+        key = (op_name, backend, schedule, _hashable(attrs), *map(signature, values))
+        bound = _cache.bound.get(key)
+        if bound:
+            return bound(values, out)
+    except NoFastPath:
+        key = None
+    result, prepared, refs = _run_general(op_name, tensors, attrs, out, schedule, backend)
+    if key is not None and key not in _cache.bound:
+        _cache.bound[key] = _bind(prepared, backend, tensors, refs)
+    return result
+
+
+def _hashable(attrs: Mapping[str, Any]) -> tuple:
+    return tuple(tuple(v) if isinstance(v, list) else v for v in attrs.values())
+
+
+def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
+          refs: Mapping[str, arrays.ArrayRef]) -> BoundCall | None:
+    """A BoundCall for repeat calls, or None when this call must always take the general path."""
+    kinds = {r.kind for r in refs.values()}
+    if len(kinds) != 1 or kinds - {"torch", "numpy"}:
+        return None
+    first = next(iter(refs.values()))
+    if first.host and backend.name != "cpu":
+        return None     # host arrays on a GPU are staged through device memory: general path
+    try:
+        return BoundCall(prepared, backend, list(tensors), first.obj)
+    except NoFastPath:
+        return None
+
+
+def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any],
+                 out: Mapping[str, Any] | None, schedule: Schedule | str | None,
+                 backend: Backend) -> tuple[Any, Prepared, dict[str, arrays.ArrayRef]]:
     op = get_op(op_name)
-    backend = backend or get_backend()
     refs = {n: arrays.wrap(v, n, op_name) for n, v in tensors.items() if v is not None}
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
@@ -159,7 +205,7 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
         prepared = prepare(op, problem, backend, schedule)
         with _cache.lock:
             _cache.by_call[call_key] = prepared
-    return _execute(prepared, refs, host, backend, out)
+    return _execute(prepared, refs, host, backend, out), prepared, refs
 
 
 def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend: Backend,
@@ -181,7 +227,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
                 raise ArgumentError("out", f"shape {spec.shape} and dtype {spec.dtype}",
                                     f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
             if ref.host != host:
-                raise ArgumentError("out", f"an array on the same side as the inputs", ref.describe(), op=p.op)
+                raise ArgumentError("out", "an array on the same side as the inputs", ref.describe(), op=p.op)
             obj, ptr = given, ref.ptr
         else:
             obj, ptr = arrays.allocate_like(primary, spec.shape, spec.dtype, backend)
@@ -228,8 +274,7 @@ def _launch(step: Step, ptrs: Mapping[str, tuple[int, int]], itemsizes: Mapping[
     for index, name in step.buffer_slots:
         ptr, nbytes = ptrs[name]
         packed.set_buffer(index, ptr, nbytes, itemsizes.get(name, 1))
-    l = step.launch
-    backend.launch(step.kernel, l.grid, l.block, l.shared_bytes, packed, stream)
+    step.run(packed, stream)
 
 
 def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, staged: list[int],

@@ -58,6 +58,7 @@ def test_misaligned_views(emu, rng, dtype, offset):
     dict(vec=4, unroll=2, block=128, waves=1),            # grid-stride loop with a capped grid
     dict(vec=2, unroll=8, block=512, waves=0),
     dict(vec=4, unroll=1, block=256, waves=0, index="int64"),
+    dict(vec=4, unroll=4, block=256, waves=0, streaming=True),
 ])
 def test_forced_schedules(emu, rng, params):
     x = rng.standard_normal(50001).astype(np.float32)

@@ -105,5 +105,4 @@ def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float | None:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     us = timer.per_call_us(lambda: dst.copy_(src), n=20, trials=5)
-    del src, dst
     return 2 * nbytes / (us * 1e-6) / 1e9

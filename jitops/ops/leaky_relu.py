@@ -70,8 +70,9 @@ def parse_problem(spec: Mapping[str, str]) -> LeakyReluProblem:
 
 
 def _vectorized(problem: LeakyReluProblem, device: DeviceInfo, vec: int, unroll: int, block: int,
-                waves: int, why: str = "") -> Schedule:
-    return Schedule.make("vectorized", why=why, vec=vec, unroll=unroll, block=block, waves=waves)
+                waves: int, why: str = "", streaming: bool = False) -> Schedule:
+    return Schedule.make("vectorized", why=why, vec=vec, unroll=unroll, block=block, waves=waves,
+                         streaming=streaming)
 
 
 def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
@@ -84,19 +85,17 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
     vec = 16 // ITEMSIZE[problem.dtype]
     block = 256
     resident_blocks = device.multiprocessors * max(1, 2048 // block)
-    # Enough vectors per thread to keep several 16-byte loads in flight, but not so many that a
-    # mid-sized tensor leaves multiprocessors idle.
-    unroll = 1
-    for u in (4, 2):
-        if ceil_div(n, vec * u * block) >= 2 * resident_blocks:
-            unroll = u
-            break
-    # Past ~16 waves of blocks a grid-stride loop with a capped grid saves block scheduling.
-    waves = 0 if ceil_div(n, vec * unroll * block) <= 16 * resident_blocks else 8
-    why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} in flight per thread, "
-           f"{block} threads per block, " + ("one pass" if waves == 0 else f"grid-stride over {waves} waves of "
-                                                f"{resident_blocks} resident blocks"))
-    return _vectorized(problem, device, vec, unroll, block, waves, why)
+    # Measured on an H200 (scripts/sweep_leaky_relu.py, 2026-11-22): one pass over the tensor with
+    # streaming (evict-first) accesses is best at every size from 1M elements up; several vectors
+    # per thread pay only while one vector per thread would fill the device about once.
+    one_per_thread = ceil_div(n, vec * block)
+    unroll = 4 if one_per_thread <= 2 * resident_blocks else 1
+    streaming = n * ITEMSIZE[problem.dtype] >= (256 << 10)
+    waves = 0
+    why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} per thread, "
+           f"{block} threads per block, one pass over {ceil_div(one_per_thread, unroll)} blocks"
+           + (", streaming loads/stores (data used once)" if streaming else ""))
+    return _vectorized(problem, device, vec, unroll, block, waves, why, streaming)
 
 
 def candidates(problem: LeakyReluProblem, device: DeviceInfo) -> list[Schedule]:
@@ -106,7 +105,8 @@ def candidates(problem: LeakyReluProblem, device: DeviceInfo) -> list[Schedule]:
         for unroll in (1, 2, 4, 8):
             for block in (128, 256, 512):
                 for waves in (0, 4, 8, 16):
-                    out.append(_vectorized(problem, device, vec, unroll, block, waves))
+                    for streaming in (False, True):
+                        out.append(_vectorized(problem, device, vec, unroll, block, waves, streaming=streaming))
     return out
 
 
@@ -133,7 +133,7 @@ def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> P
         grid = max(1, min(full, cap) if waves else full)
         idx = _index(schedule, n + grid * block * unroll * vec + 16)
         params = {"ctype": ctype, "index_type": idx, "block": block, "vec": vec, "unroll": unroll,
-                  "grid_stride": bool(waves) and cap < full}
+                  "grid_stride": bool(waves) and cap < full, "streaming": bool(schedule.get("streaming", False))}
     else:
         raise ScheduleError(f"leaky_relu has no algorithm '{schedule.algorithm}'")
     args = (Buf("x"), Buf("y"), Scalar("i32" if idx == "int" else "i64", n), Scalar("f32", problem.alpha))
@@ -155,7 +155,7 @@ def variants(device: DeviceInfo) -> list[tuple[LeakyReluProblem, Schedule]]:
         vec = 16 // ITEMSIZE[dtype]
         out.append((p, heuristic(p, device, "naive")))
         out.append((p, _vectorized(p, device, vec, 4, 256, 0)))
-        out.append((p, _vectorized(p, device, vec, 2, 128, 1)))      # grid-stride
+        out.append((p, _vectorized(p, device, vec, 2, 128, 1, streaming=True)))      # grid-stride, streaming
         out.append((p, Schedule.make("vectorized", vec=vec, unroll=1, block=256, waves=0, index="int64")))
     return out
 

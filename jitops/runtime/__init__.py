@@ -69,6 +69,25 @@ def _cached(name: str, target: str | None, options: dict[str, Any]) -> Backend:
 _default: tuple[tuple, Backend] | None = None
 
 
+def _env_key() -> tuple:
+    """The variables the default backend depends on (the emulator's only when it is the emulator)."""
+    name = os.environ.get(config.ENV_BACKEND) or None
+    if name == "cpu" or (name is None and _default is not None and _default[1].name == "cpu"):
+        return (name, os.environ.get(config.ENV_CPU_WARP_SIZE), os.environ.get(config.ENV_CPU_CHECK))
+    return (name,)
+
+
+def current_backend() -> Backend:
+    """get_backend() with no arguments, for the per-call hot path."""
+    current = getattr(_local, "backend", None)
+    if current is not None:
+        return current
+    d = _default
+    if d is not None and d[0] == _env_key():
+        return d[1]
+    return get_backend()
+
+
 def get_backend(name: str | None = None, target: str | None = None, **options: Any) -> Backend:
     """The backend to use: by name, by compile target (offline), or the automatic choice.
 
@@ -81,8 +100,7 @@ def get_backend(name: str | None = None, target: str | None = None, **options: A
         current = getattr(_local, "backend", None)
         if current is not None:
             return current
-        env = (os.environ.get(config.ENV_BACKEND) or None, os.environ.get(config.ENV_CPU_WARP_SIZE),
-               os.environ.get(config.ENV_CPU_CHECK))
+        env = _env_key()
         if _default is not None and _default[0] == env:
             return _default[1]
         inst = _cached(env[0] or _detect(), None, {})
@@ -109,4 +127,5 @@ def known_targets() -> list[str]:
     return sorted(KNOWN_TARGETS)
 
 
-__all__ = ["Backend", "Kernel", "PackedArgs", "get_backend", "use_backend", "known_targets", "BACKENDS"]
+__all__ = ["Backend", "Kernel", "PackedArgs", "get_backend", "current_backend", "use_backend", "known_targets",
+           "BACKENDS"]

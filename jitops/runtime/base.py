@@ -7,7 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import config
 from ..device import DeviceInfo
@@ -108,6 +108,12 @@ class Backend(ABC):
     def launch(self, kernel: Kernel, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, args: PackedArgs, stream: int) -> None:
         """Enqueue one launch on `stream` (0: the backend's default stream)."""
+
+    def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
+                    shared_bytes: int) -> "Callable[[PackedArgs, int], None]":
+        """A callable (args, stream) for repeated launches of one configuration (the hot path)."""
+        grid, block = tuple(grid), tuple(block)
+        return lambda args, stream: self.launch(kernel, grid, block, shared_bytes, args, stream)
 
     @abstractmethod
     def alloc(self, nbytes: int) -> int: ...

@@ -10,7 +10,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -23,6 +22,7 @@ from .. import config
 from ..device import DeviceInfo
 from ..errors import BackendUnavailable, CompileError, EmulatorFault, LaunchError
 from .base import Backend, Kernel, PackedArgs, save_failed_source
+from .hostcc import build_library, compiler_version, find_compiler, write_atomic
 
 log = logging.getLogger("jitops.cpu")
 
@@ -48,26 +48,6 @@ class _LaunchCfg(ctypes.Structure):
     ]
 
 
-def find_host_compiler() -> str:
-    for cand in (os.environ.get("CXX"), "g++", "clang++", "c++"):
-        if cand and shutil.which(cand):
-            return cand
-    raise BackendUnavailable("cpu backend: no host C++ compiler found (install g++ or set CXX)")
-
-
-def _compiler_version(cxx: str) -> str:
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
-    return out.splitlines()[0].strip() if out else cxx
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 class CpuBackend(Backend):
     """Host emulator of a GPU with a configurable warp size."""
 
@@ -83,8 +63,8 @@ class CpuBackend(Backend):
         self.checked = config.env_flag(config.ENV_CPU_CHECK) if checked is None else bool(checked)
         self.workers = workers or int(os.environ.get(config.ENV_CPU_THREADS, "0") or 0) or (os.cpu_count() or 1)
         self.stack_kb = int(os.environ.get("JITOPS_CPU_STACK_KB", "64"))
-        self.cxx = find_host_compiler()
-        self._cxx_version = _compiler_version(self.cxx)
+        self.cxx = find_compiler(cxx=True)
+        self._cxx_version = compiler_version(self.cxx)
         header = (EMU_DIR / "jitops_emu.h").read_bytes()
         runtime_src = (EMU_DIR / "jitops_emu_runtime.cpp").read_bytes()
         self._emu_hash = hashlib.sha256(header + runtime_src).hexdigest()[:16]
@@ -132,26 +112,16 @@ class CpuBackend(Backend):
 
     def _load_runtime(self) -> ctypes.CDLL:
         with self._runtime_lock:
-            key = f"{self._emu_hash}-{hashlib.sha256(self._cxx_version.encode()).hexdigest()[:8]}"
-            lib = self._runtime.get(key)
-            if lib is not None:
-                return lib
-            path = config.cache_dir() / "emu" / f"libjitops_emu-{key}.so"
-            if not path.exists():
-                log.info("building the CPU emulator runtime (%s)", path)
-                with tempfile.TemporaryDirectory(prefix="jitops-emu-") as tmp:
-                    out = Path(tmp) / "libjitops_emu.so"
-                    src = (EMU_DIR / "jitops_emu_runtime.cpp").read_text()
-                    cmd = [self.cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-U_FORTIFY_SOURCE",
-                           f"-I{EMU_DIR}", str(EMU_DIR / "jitops_emu_runtime.cpp"), "-o", str(out), "-lpthread"]
-                    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                    if res.returncode != 0:
-                        raise CompileError("cpu", "emulator runtime", res.stderr, save_failed_source("jitops_emu_runtime", src))
-                    _write_atomic(path, out.read_bytes())
-            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-            lib.jt_emu_launch.argtypes = [ctypes.POINTER(_LaunchCfg), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
-            lib.jt_emu_launch.restype = ctypes.c_int
-            self._runtime[key] = lib
+            lib = self._runtime.get(self._emu_hash)
+            if lib is None:
+                path = build_library("libjitops_emu", [EMU_DIR / "jitops_emu_runtime.cpp"],
+                                     ["-std=c++17", "-O2", "-fPIC", "-shared", "-U_FORTIFY_SOURCE", f"-I{EMU_DIR}",
+                                      "-lpthread"])
+                lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                lib.jt_emu_launch.argtypes = [ctypes.POINTER(_LaunchCfg), ctypes.c_void_p, ctypes.c_char_p,
+                                              ctypes.c_int]
+                lib.jt_emu_launch.restype = ctypes.c_int
+                self._runtime[self._emu_hash] = lib
             return lib
 
     # ---- loading and launching ----
@@ -159,7 +129,7 @@ class CpuBackend(Backend):
         digest = hashlib.sha256(binary).hexdigest()[:24]
         path = config.cache_dir() / "emu" / "so" / f"{digest}.so"
         if not path.exists() or path.stat().st_size != len(binary):
-            _write_atomic(path, binary)
+            write_atomic(path, binary)
         try:
             lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
         except OSError as exc:

@@ -1,36 +1,99 @@
-"""NVIDIA backend: NVRTC (cuda.bindings.nvrtc) to cubin, cuda.bindings.driver to load and launch.
+"""NVIDIA backend: NVRTC (cuda.bindings.nvrtc) to cubin; the driver (cuda_driver.py) to load and launch.
 
 Uses the device's primary context, so it shares memory and streams with torch and CuPy.
 Created with an explicit target (e.g. "sm_80") it compiles with no GPU present and refuses to
-launch. Every driver call's status is checked.
+launch. NVRTC is imported only when something must be compiled; its version (part of every cache
+key) is remembered on disk, so a warm start imports no CUDA Python bindings at all.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import glob
+import importlib.util
+import json
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from .. import config
 from ..device import KNOWN_TARGETS, DeviceInfo
 from ..errors import BackendUnavailable, CompileError, LaunchError
+from . import cuda_driver as drv
 from .base import Backend, Kernel, PackedArgs, save_failed_source
+from .fastlaunch import native_launcher
+from .hostcc import write_atomic
 
 log = logging.getLogger("jitops.cuda")
 
 _DEFAULT_SMEM = 48 * 1024
 
 
-def _import_bindings() -> tuple[Any, Any]:
+def _nvrtc() -> Any:
     try:
-        from cuda.bindings import driver, nvrtc
+        from cuda.bindings import nvrtc
     except ImportError:
         try:  # cuda-python < 12.6 spelled it differently
-            from cuda import cuda as driver  # type: ignore
             from cuda import nvrtc  # type: ignore
         except ImportError as exc:
-            raise BackendUnavailable("cuda backend needs cuda-bindings and nvidia-cuda-nvrtc "
+            raise BackendUnavailable("cuda backend needs cuda-bindings and nvidia-cuda-nvrtc to compile "
                                      "(pip install 'jitops[cuda]')") from exc
-    return driver, nvrtc
+    return nvrtc
+
+
+def _nvrtc_files() -> list[str]:
+    """The NVRTC binding and libraries, found without importing them."""
+    files = []
+    for mod in ("cuda.bindings.nvrtc", "cuda.nvrtc"):
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            files.append(spec.origin)
+            break
+    try:
+        nvidia = importlib.util.find_spec("nvidia")
+        roots = list(nvidia.submodule_search_locations or []) if nvidia else []
+    except (ImportError, ValueError):
+        roots = []
+    for root in roots:
+        files += glob.glob(os.path.join(root, "*", "lib", "libnvrtc*"))
+    files += glob.glob("/usr/local/cuda*/lib64/libnvrtc*")
+    return sorted(files)
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[str, tuple[int, ...]]:
+    """NVRTC's version and supported archs; from a small on-disk memo when the files are unchanged."""
+    files = _nvrtc_files()
+    stamp = [[f, os.stat(f).st_size, int(os.stat(f).st_mtime)] for f in files if os.path.exists(f)]
+    memo = config.cache_dir() / "compilers.json"
+    try:
+        saved = json.loads(memo.read_text())
+        entry = saved.get("nvrtc")
+        if entry and entry["stamp"] == stamp:
+            return entry["version"], tuple(entry["archs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = {}
+    nv = _nvrtc()
+    err, major, minor = nv.nvrtcVersion()
+    if int(err) != 0:
+        raise BackendUnavailable(f"NVRTC nvrtcVersion failed: {err}")
+    try:
+        _, archs = nv.nvrtcGetSupportedArchs()
+        archs = sorted(int(a) for a in archs)
+    except Exception:
+        archs = []
+    version = f"{major}.{minor}"
+    saved = saved if isinstance(saved, dict) else {}
+    saved["nvrtc"] = {"stamp": stamp, "version": version, "archs": archs}
+    try:
+        write_atomic(memo, json.dumps(saved).encode())
+    except OSError:
+        pass
+    return version, tuple(archs)
 
 
 def _offline_device(target: str) -> DeviceInfo:
@@ -45,93 +108,59 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, target: str | None = None, ordinal: int | None = None):
-        self.cu, self.nvrtc = _import_bindings()
         self.ordinal = int(os.environ.get("JITOPS_DEVICE", "0")) if ordinal is None else ordinal
-        self._lock = threading.Lock()
-        self._ctx = None
+        self._ctx = 0
         self._raised_smem: set[int] = set()
-        err, major, minor = self.nvrtc.nvrtcVersion()
-        self._check_nvrtc(err, "nvrtcVersion")
-        self._nvrtc_version = f"{major}.{minor}"
-        try:
-            _, archs = self.nvrtc.nvrtcGetSupportedArchs()
-            self._supported = sorted(int(a) for a in archs)
-        except Exception:
-            self._supported = []
+        self._lock = threading.Lock()
         if target is not None:
+            _nvrtc()  # an offline backend exists to compile: fail now if it cannot
             self.device = _offline_device(target)
             return
         self.device = self._probe_device()
 
-    # ---- errors ----
-    def _check(self, result: Any, what: str) -> Any:
-        err = result[0] if isinstance(result, tuple) else result
-        if int(err) != 0:
-            try:
-                _, name = self.cu.cuGetErrorName(err)
-                _, text = self.cu.cuGetErrorString(err)
-                detail = f"{name.decode()}: {text.decode()}"
-            except Exception:
-                detail = str(err)
-            raise LaunchError(f"{what} failed: {detail}")
-        if isinstance(result, tuple):
-            return result[1] if len(result) == 2 else result[1:]
-        return None
-
-    def _check_nvrtc(self, err: Any, what: str) -> None:
-        if int(err) != 0:
-            raise BackendUnavailable(f"NVRTC {what} failed: {err}")
-
     # ---- device ----
     def _probe_device(self) -> DeviceInfo:
-        cu = self.cu
         try:
-            self._check(cu.cuInit(0), "cuInit")
-            count = self._check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-        except (LaunchError, RuntimeError, OSError) as exc:
-            raise BackendUnavailable(f"cuda backend: no usable NVIDIA driver/device ({exc})") from exc
-        except Exception as exc:  # cuda.pathfinder raises its own error when libcuda is absent
-            raise BackendUnavailable(f"cuda backend: no NVIDIA driver ({type(exc).__name__}: {exc})") from exc
+            drv.call("cuInit", 0)
+            count = drv.out_int("cuDeviceGetCount")
+        except LaunchError as exc:
+            raise BackendUnavailable(f"cuda backend: no usable NVIDIA device ({exc})") from exc
         if count <= self.ordinal:
             raise BackendUnavailable(f"cuda backend: device {self.ordinal} requested, {count} present")
-        dev = self._check(cu.cuDeviceGet(self.ordinal), "cuDeviceGet")
-        self._dev = dev
-        self._ctx = self._check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        self._check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        A = cu.CUdevice_attribute
+        dev = drv.out_int("cuDeviceGet", self.ordinal)
+        self._ctx = drv.out_ptr("cuDevicePrimaryCtxRetain", dev)
+        drv.call("cuCtxSetCurrent", self._ctx)
 
         def attr(name: str) -> int:
-            return int(self._check(cu.cuDeviceGetAttribute(getattr(A, name), dev), f"cuDeviceGetAttribute({name})"))
+            return drv.out_int("cuDeviceGetAttribute", drv.ATTR[name], dev)
 
-        major = attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
-        minor = attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
-        raw_name = self._check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
-        name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
+        buf = ctypes.create_string_buffer(256)
+        drv.call("cuDeviceGetName", buf, 256, dev)
+        major, minor = attr("cc_major"), attr("cc_minor")
         return DeviceInfo(
-            backend="cuda", arch=f"sm_{major}{minor}", name=name,
-            warp_size=attr("CU_DEVICE_ATTRIBUTE_WARP_SIZE"),
-            multiprocessors=attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
-            max_threads_per_block=attr("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK"),
-            shared_per_block=attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK"),
-            shared_per_block_optin=attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
-            shared_per_multiprocessor=attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
-            registers_per_multiprocessor=attr("CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR"),
-            l2_bytes=attr("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
-            matrix_cores=major >= 8, online=True)
+            backend="cuda", arch=f"sm_{major}{minor}", name=buf.value.decode(errors="replace"),
+            warp_size=attr("warp_size"), multiprocessors=attr("multiprocessors"),
+            max_threads_per_block=attr("max_threads_per_block"),
+            shared_per_block=attr("max_shared_per_block"),
+            shared_per_block_optin=attr("max_shared_per_block_optin"),
+            shared_per_multiprocessor=attr("max_shared_per_multiprocessor"),
+            registers_per_multiprocessor=attr("max_registers_per_multiprocessor"),
+            l2_bytes=attr("l2_bytes"), matrix_cores=major >= 8, online=True)
 
     def _ensure_context(self) -> None:
-        self._check(self.cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        drv.call("cuCtxSetCurrent", self._ctx)
 
     # ---- compilation ----
     def compiler_id(self) -> str:
-        return f"nvrtc-{self._nvrtc_version}"
+        return f"nvrtc-{nvrtc_version()[0]}"
 
     def _arch_option(self) -> str:
         cc = int(self.device.arch[3:].rstrip("af"))
         suffix = self.device.arch[3 + len(str(cc)):]
-        if self._supported and cc > self._supported[-1]:
-            # Newer GPU than this NVRTC knows: emit PTX for the newest arch it does, the driver JITs it.
-            return f"-arch=compute_{self._supported[-1]}"
+        supported = nvrtc_version()[1]
+        if supported and cc > supported[-1]:
+            # Newer GPU than this NVRTC knows: emit PTX for the newest arch it does; the driver JITs it.
+            return f"-arch=compute_{supported[-1]}"
         return f"-arch=sm_{cc}{suffix}"
 
     def compile_options(self) -> tuple[str, ...]:
@@ -142,28 +171,29 @@ class CudaBackend(Backend):
         return "cubin"
 
     def compile(self, source: str, kernel_names: Sequence[str], label: str) -> bytes:
-        nv = self.nvrtc
+        nv = _nvrtc()
         err, prog = nv.nvrtcCreateProgram(source.encode(), f"{label}.cu".encode(), 0, [], [])
-        self._check_nvrtc(err, "nvrtcCreateProgram")
+        if int(err) != 0:
+            raise BackendUnavailable(f"nvrtcCreateProgram failed: {err}")
         try:
             opts = [o.encode() for o in self.compile_options()]
             (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-            err, size = nv.nvrtcGetProgramLogSize(prog)
+            _, size = nv.nvrtcGetProgramLogSize(prog)
             buf = b" " * size
             nv.nvrtcGetProgramLog(prog, buf)
             compile_log = buf.rstrip(b"\0 ").decode(errors="replace")
             if int(res) != 0:
-                saved = save_failed_source(label, source, ".cu")
-                raise CompileError("cuda", self.device.arch, compile_log, saved)
-            ptx_only = self._arch_option().startswith("-arch=compute_")
-            if ptx_only:
-                err, size = nv.nvrtcGetPTXSize(prog)
+                raise CompileError("cuda", self.device.arch, compile_log, save_failed_source(label, source, ".cu"))
+            if self._arch_option().startswith("-arch=compute_"):
+                _, size = nv.nvrtcGetPTXSize(prog)
                 out = b" " * size
-                self._check_nvrtc(nv.nvrtcGetPTX(prog, out)[0], "nvrtcGetPTX")
+                err = nv.nvrtcGetPTX(prog, out)[0]
             else:
-                err, size = nv.nvrtcGetCUBINSize(prog)
+                _, size = nv.nvrtcGetCUBINSize(prog)
                 out = b" " * size
-                self._check_nvrtc(nv.nvrtcGetCUBIN(prog, out)[0], "nvrtcGetCUBIN")
+                err = nv.nvrtcGetCUBIN(prog, out)[0]
+            if int(err) != 0:
+                raise BackendUnavailable(f"NVRTC could not return the binary: {err}")
             if compile_log:
                 log.debug("%s: %s", label, compile_log.strip())
             return bytes(out)
@@ -173,76 +203,103 @@ class CudaBackend(Backend):
     # ---- modules and launches ----
     def load(self, binary: bytes, kernel_names: Sequence[str]) -> dict[str, Kernel]:
         self.require_device("load kernels")
-        cu = self.cu
         self._ensure_context()
-        module = self._check(cu.cuModuleLoadData(binary), "cuModuleLoadData")
+        module = drv.out_ptr("cuModuleLoadData", binary)
         out = {}
-        F = cu.CUfunction_attribute
         for k in kernel_names:
-            fn = self._check(cu.cuModuleGetFunction(module, k.encode()), f"cuModuleGetFunction({k})")
-            regs = self._check(cu.cuFuncGetAttribute(F.CU_FUNC_ATTRIBUTE_NUM_REGS, fn), "cuFuncGetAttribute")
-            smem = self._check(cu.cuFuncGetAttribute(F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn), "cuFuncGetAttribute")
-            maxt = self._check(cu.cuFuncGetAttribute(F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn), "cuFuncGetAttribute")
-            out[k] = Kernel(k, fn, module, int(smem), int(regs), int(maxt))
+            fn = drv.out_ptr("cuModuleGetFunction", module, k.encode())
+            out[k] = Kernel(k, fn, module,
+                            static_shared=drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["shared_size_bytes"], fn),
+                            registers=drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["num_regs"], fn),
+                            max_threads=drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["max_threads_per_block"], fn))
         return out
 
+    def _prepare_shared(self, kernel: Kernel, shared_bytes: int) -> None:
+        if shared_bytes > _DEFAULT_SMEM and kernel.handle not in self._raised_smem:
+            drv.call("cuFuncSetAttribute", kernel.handle, drv.FUNC_ATTR["max_dynamic_shared_size_bytes"], shared_bytes)
+            self._raised_smem.add(kernel.handle)
+
+    def _failed(self, code: int, kernel: Kernel, grid: Sequence[int], block: Sequence[int], shared: int) -> None:
+        drv.check(code, f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared})")
+
     def launch(self, kernel: Kernel, grid, block, shared_bytes: int, args: PackedArgs, stream: int) -> None:
-        if shared_bytes > _DEFAULT_SMEM and id(kernel.handle) not in self._raised_smem:
-            self._check(self.cu.cuFuncSetAttribute(
-                kernel.handle, self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_bytes), "cuFuncSetAttribute(max dynamic shared)")
-            self._raised_smem.add(id(kernel.handle))
-        (err,) = self.cu.cuLaunchKernel(kernel.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                        shared_bytes, stream, args.address, 0)
-        if int(err) != 0:
-            if int(err) == int(self.cu.CUresult.CUDA_ERROR_INVALID_CONTEXT):
-                self._ensure_context()  # a thread that never made the primary context current
-                return self.launch(kernel, grid, block, shared_bytes, args, stream)
-            self._check((err,), f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)}, "
-                                f"shared={shared_bytes})")
+        self.bind_launch(kernel, grid, block, shared_bytes)(args, stream)
+
+    def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
+                    shared_bytes: int) -> Callable[[PackedArgs, int], None]:
+        self._prepare_shared(kernel, shared_bytes)
+        gx, gy, gz = (int(v) for v in grid)
+        bx, by, bz = (int(v) for v in block)
+        native = native_launcher()
+        if native is not None:
+            entry, run = drv.launch_entry_address(), native.launch
+            handle = kernel.handle
+
+            def launch(args: PackedArgs, stream: int) -> None:
+                rc = run(entry, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address)
+                if rc:
+                    self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
+        else:
+            fn = drv.libcuda().cuLaunchKernel
+
+            def launch(args: PackedArgs, stream: int) -> None:
+                rc = fn(kernel.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address, None)
+                if rc:
+                    self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
+        return launch
+
+    def _retry_or_raise(self, rc: int, kernel: Kernel, grid, block, shared: int, params: int, stream: int) -> None:
+        if rc == drv.CUDA_ERROR_INVALID_CONTEXT:
+            self._ensure_context()   # a thread that never made the primary context current
+            rc = drv.libcuda().cuLaunchKernel(kernel.handle, *[int(v) for v in grid], *[int(v) for v in block],
+                                              shared, stream, params, None)
+        self._failed(rc, kernel, grid, block, shared)
 
     # ---- memory, streams, events ----
     def alloc(self, nbytes: int) -> int:
         self.require_device("allocate device memory")
         self._ensure_context()
-        return int(self._check(self.cu.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc({nbytes})"))
+        ptr = ctypes.c_uint64()
+        drv.call("cuMemAlloc_v2", ctypes.byref(ptr), max(int(nbytes), 1))
+        return ptr.value
 
     def free(self, ptr: int) -> None:
         if ptr:
-            self._check(self.cu.cuMemFree(ptr), "cuMemFree")
+            drv.call("cuMemFree_v2", ptr)
 
     def copy_to_device(self, dst: int, src_host: Any, nbytes: int, stream: int = 0) -> None:
         src = src_host if isinstance(src_host, int) else src_host.ctypes.data
-        self._check(self.cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
+        drv.call("cuMemcpyHtoDAsync_v2", dst, src, nbytes, stream)
 
     def copy_to_host(self, dst_host: Any, src: int, nbytes: int, stream: int = 0) -> None:
         dst = dst_host if isinstance(dst_host, int) else dst_host.ctypes.data
-        self._check(self.cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream), "cuMemcpyDtoHAsync")
+        drv.call("cuMemcpyDtoHAsync_v2", dst, src, nbytes, stream)
         self.synchronize(stream)
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int = 0) -> None:
-        self._check(self.cu.cuMemsetD8Async(ptr, value, nbytes, stream), "cuMemsetD8Async")
+        drv.call("cuMemsetD8Async", ptr, value, nbytes, stream)
 
     def synchronize(self, stream: int = 0) -> None:
         if stream:
-            self._check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            drv.call("cuStreamSynchronize", stream)
         else:
-            self._check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            drv.call("cuCtxSynchronize")
 
     def create_stream(self) -> int:
         self._ensure_context()
-        s = self._check(self.cu.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
-        return int(s)
+        return drv.out_ptr("cuStreamCreate", 1)   # non-blocking
 
     def destroy_stream(self, stream: int) -> None:
-        self._check(self.cu.cuStreamDestroy(stream), "cuStreamDestroy")
+        drv.call("cuStreamDestroy_v2", stream)
 
     def create_event(self) -> Any:
-        return self._check(self.cu.cuEventCreate(0), "cuEventCreate")
+        return drv.out_ptr("cuEventCreate", 0)
 
     def record_event(self, event: Any, stream: int = 0) -> None:
-        self._check(self.cu.cuEventRecord(event, stream), "cuEventRecord")
+        drv.call("cuEventRecord", event, stream)
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
-        self._check(self.cu.cuEventSynchronize(end), "cuEventSynchronize")
-        return float(self._check(self.cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+        drv.call("cuEventSynchronize", end)
+        ms = ctypes.c_float()
+        drv.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+        return ms.value

@@ -1,0 +1,159 @@
+"""The repeat-call path.
+
+A call whose arrays look like an earlier call's (same kinds, shapes, dtypes, devices and
+contiguity, same attributes) reuses a BoundCall: no classification, validation, schedule lookup
+or dictionary building, just pointers, outputs, the stream and the launches. This is what makes
+a cached jitops call about as cheap as the framework's own op. Anything else (host arrays on a
+GPU, CuPy, an `out` that does not match) takes the general path in engine.py.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from .ops.base import TensorSpec
+
+
+class NoFastPath(Exception):
+    """This call cannot use the repeat-call path; take the general one."""
+
+
+_torch_tensor: type | None = None
+
+
+def signature(v: Any) -> Hashable:
+    """What must match for a BoundCall to be reused: kind, shape, dtype, device, contiguity."""
+    global _torch_tensor
+    if _torch_tensor is not None and isinstance(v, _torch_tensor):
+        return (_torch_tensor, v.shape, v.dtype, v.device, v.is_contiguous())
+    if v is None:
+        return None
+    if type(v) is np.ndarray:
+        return (np.ndarray, v.shape, v.dtype.num, v.flags.c_contiguous)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        _torch_tensor = torch.Tensor
+        return (torch.Tensor, v.shape, v.dtype, v.device, v.is_contiguous())
+    raise NoFastPath
+
+
+class BoundCall:
+    """One prepared plan bound to a call signature; calling it runs the plan on new arrays."""
+
+    def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any) -> None:
+        self.backend = backend
+        self.lock = threading.Lock()
+        torch = sys.modules.get("torch")
+        self.is_torch = torch is not None and isinstance(first, torch.Tensor)
+        if self.is_torch:
+            self.pointer: Callable[[Any], int] = lambda v: v.data_ptr()
+        else:
+            self.pointer = lambda v: v.ctypes.data
+        self.alloc, self.stream, self.expected, self.alloc_like = _framework(first, self.is_torch)
+        out_specs: dict[str, TensorSpec] = prepared.problem.outputs()
+        in_specs = prepared.problem.inputs()
+        # An output shaped like an input is allocated "like" it (torch.empty_like is the cheapest).
+        like = {n: k for k, n in reversed(list(enumerate(input_names))) if in_specs.get(n) is not None}
+        self.outputs = [(name, spec, self.expected(spec),
+                         next((like[n] for n in like if in_specs[n] == spec), None))
+                        for name, spec in out_specs.items()]
+        # Every buffer argument resolves to a position in the per-call pointer list
+        # (inputs, then outputs) or to a workspace.
+        position = {n: k for k, n in enumerate(list(input_names) + list(out_specs))}
+        plan = prepared.plan
+        sizes = {n: (s.nbytes, prepared.itemsizes.get(n, 1))
+                 for n, s in {**prepared.problem.inputs(), **out_specs}.items() if s is not None}
+        sizes.update({w.name: (w.nbytes, 1) for w in plan.workspaces})
+
+        def slots(step: Any) -> list:
+            return [(i, position.get(n, n), sizes[n]) for i, n in step.buffer_slots]
+
+        self.steps = [(s, slots(s)) for s in prepared.steps]
+        self.prepare_steps = [(s, slots(s)) for s in prepared.prepare_steps]
+        self.temps = [w for w in plan.workspaces if not w.persistent]
+        self.persistent = prepared.persistent
+        derived = {n for w in plan.workspaces for n in w.derived_from}
+        self.fingerprint_inputs = [k for k, n in enumerate(input_names) if n in derived]
+        if self.prepare_steps and not self.is_torch:
+            raise NoFastPath  # host inputs are fingerprinted by content: the general path does that
+        self.fingerprints: tuple | None = None
+        self.set_sizes = backend.name == "cpu"   # only the emulator's checked mode reads sizes
+
+    def __call__(self, inputs: Sequence[Any], out: dict | None) -> Any:
+        pointer = self.pointer
+        ptrs = [pointer(v) if v is not None else 0 for v in inputs]
+        outs = []
+        for name, spec, expected, like in self.outputs:
+            obj = out.get(name) if out else None
+            if obj is None:
+                obj = self.alloc(spec) if like is None else self.alloc_like(inputs[like])
+            elif signature(obj) != expected:
+                raise NoFastPath   # the general path explains what is wrong with `out`
+            outs.append(obj)
+            ptrs.append(pointer(obj))
+        stream = self.stream()
+        if not self.temps and not self.prepare_steps and not self.persistent:
+            with self.lock:
+                self._launch(self.steps, ptrs, None, stream)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        keep, work = [], dict(self.persistent)
+        for w in self.temps:
+            obj = self.alloc(TensorSpec((w.nbytes,), "uint8"))
+            keep.append(obj)
+            work[w.name] = pointer(obj)
+            if w.zero:
+                self.backend.memset(work[w.name], 0, w.nbytes, stream)
+        with self.lock:
+            if self.prepare_steps:
+                fp = tuple((inputs[k].data_ptr(), inputs[k]._version) for k in self.fingerprint_inputs)
+                if fp != self.fingerprints or not fp:
+                    self._launch(self.prepare_steps, ptrs, work, stream)
+                    self.fingerprints = fp
+            self._launch(self.steps, ptrs, work, stream)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _launch(self, steps: list, ptrs: list, work: dict | None, stream: int) -> None:
+        set_sizes = self.set_sizes
+        for step, slots in steps:
+            packed = step.packed
+            values = packed.values
+            for index, where, (nbytes, itemsize) in slots:
+                values[index].value = ptrs[where] if where.__class__ is int else work[where]
+                if set_sizes:
+                    packed.buf_bytes[index] = nbytes
+                    packed.buf_itemsize[index] = itemsize
+            step.run(packed, stream)
+
+
+def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int], Callable, Callable]:
+    """Output allocator, current-stream getter, expected output signature and allocate-like."""
+    if is_torch:
+        torch = sys.modules["torch"]
+        from .arrays import torch_dtype
+        device = first.device
+        empty = torch.empty
+
+        def alloc(spec: TensorSpec) -> Any:
+            return empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+
+        def expected(spec: TensorSpec) -> Hashable:
+            return (torch.Tensor, torch.Size(spec.shape), torch_dtype(spec.dtype), device, True)
+
+        empty_like = torch.empty_like
+        if device.type == "cuda":
+            index = device.index or 0
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            stream = (lambda: raw(index)) if raw is not None else (lambda: torch.cuda.current_stream(index).cuda_stream)
+            return alloc, stream, expected, empty_like
+        return alloc, (lambda: 0), expected, empty_like
+
+    def alloc_np(spec: TensorSpec) -> Any:
+        return np.empty(spec.shape, dtype=spec.dtype)
+
+    def expected_np(spec: TensorSpec) -> Hashable:
+        return (np.ndarray, tuple(spec.shape), np.dtype(spec.dtype).num, True)
+
+    return alloc_np, (lambda: 0), expected_np, np.empty_like

@@ -1,0 +1,114 @@
+"""The CUDA driver entry points the cuda backend needs, called through ctypes on libcuda.
+
+Why not cuda.bindings.driver: importing it costs 60-70 ms (most of it cuda.pathfinder), more than
+the whole 50 ms budget for a first call with a warm cache, and its launch wrapper costs ~4 us a
+call against a ~7 us budget for a whole op. NVRTC still comes from cuda.bindings.nvrtc, imported
+only when something must be compiled. Every call's status is checked; a failure raises
+LaunchError with the driver's own error name and text.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from ..errors import BackendUnavailable, LaunchError
+
+# CUdevice_attribute values (cuda.h; the enum is append-only).
+ATTR = {
+    "max_threads_per_block": 1, "max_shared_per_block": 8, "warp_size": 10, "multiprocessors": 16,
+    "l2_bytes": 38, "cc_major": 75, "cc_minor": 76, "max_shared_per_multiprocessor": 81,
+    "max_registers_per_multiprocessor": 82, "max_shared_per_block_optin": 97,
+}
+FUNC_ATTR = {"max_threads_per_block": 0, "shared_size_bytes": 1, "local_size_bytes": 3, "num_regs": 4,
+             "max_dynamic_shared_size_bytes": 8}
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+_c = ctypes
+_vp = _c.c_void_p
+_SIGNATURES: dict[str, list] = {
+    "cuInit": [_c.c_uint],
+    "cuDriverGetVersion": [_c.POINTER(_c.c_int)],
+    "cuDeviceGetCount": [_c.POINTER(_c.c_int)],
+    "cuDeviceGet": [_c.POINTER(_c.c_int), _c.c_int],
+    "cuDeviceGetName": [_c.c_char_p, _c.c_int, _c.c_int],
+    "cuDeviceGetAttribute": [_c.POINTER(_c.c_int), _c.c_int, _c.c_int],
+    "cuDevicePrimaryCtxRetain": [_c.POINTER(_vp), _c.c_int],
+    "cuCtxSetCurrent": [_vp],
+    "cuCtxSynchronize": [],
+    "cuModuleLoadData": [_c.POINTER(_vp), _c.c_char_p],
+    "cuModuleGetFunction": [_c.POINTER(_vp), _vp, _c.c_char_p],
+    "cuFuncGetAttribute": [_c.POINTER(_c.c_int), _c.c_int, _vp],
+    "cuFuncSetAttribute": [_vp, _c.c_int, _c.c_int],
+    "cuLaunchKernel": [_vp, _c.c_uint, _c.c_uint, _c.c_uint, _c.c_uint, _c.c_uint, _c.c_uint, _c.c_uint, _vp, _vp, _vp],
+    "cuMemAlloc_v2": [_c.POINTER(_c.c_uint64), _c.c_size_t],
+    "cuMemFree_v2": [_c.c_uint64],
+    "cuMemcpyHtoDAsync_v2": [_c.c_uint64, _vp, _c.c_size_t, _vp],
+    "cuMemcpyDtoHAsync_v2": [_vp, _c.c_uint64, _c.c_size_t, _vp],
+    "cuMemsetD8Async": [_c.c_uint64, _c.c_ubyte, _c.c_size_t, _vp],
+    "cuStreamCreate": [_c.POINTER(_vp), _c.c_uint],
+    "cuStreamDestroy_v2": [_vp],
+    "cuStreamSynchronize": [_vp],
+    "cuEventCreate": [_c.POINTER(_vp), _c.c_uint],
+    "cuEventRecord": [_vp, _vp],
+    "cuEventSynchronize": [_vp],
+    "cuEventElapsedTime": [_c.POINTER(_c.c_float), _vp, _vp],
+    "cuGetErrorName": [_c.c_int, _c.POINTER(_c.c_char_p)],
+    "cuGetErrorString": [_c.c_int, _c.POINTER(_c.c_char_p)],
+}
+
+_lib: Any = None
+_lock = threading.Lock()
+
+
+def libcuda() -> Any:
+    """libcuda.so.1 with typed entry points; BackendUnavailable when there is no NVIDIA driver."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                try:
+                    lib = ctypes.CDLL("libcuda.so.1")
+                except OSError as exc:
+                    raise BackendUnavailable(f"cuda backend: no NVIDIA driver (libcuda.so.1: {exc})") from exc
+                for name, argtypes in _SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes = argtypes
+                    fn.restype = ctypes.c_int
+                _lib = lib
+    return _lib
+
+
+def error_text(code: int) -> str:
+    lib = libcuda()
+    name, text = ctypes.c_char_p(), ctypes.c_char_p()
+    lib.cuGetErrorName(code, ctypes.byref(name))
+    lib.cuGetErrorString(code, ctypes.byref(text))
+    return f"{(name.value or b'CUDA_ERROR_' + str(code).encode()).decode()}: {(text.value or b'').decode()}"
+
+
+def check(code: int, what: str) -> None:
+    if code != 0:
+        raise LaunchError(f"{what} failed: {error_text(code)}")
+
+
+def call(name: str, *args: Any) -> None:
+    """Call a driver entry point and check its status."""
+    check(getattr(libcuda(), name)(*args), name)
+
+
+def out_int(name: str, *args: Any) -> int:
+    v = ctypes.c_int()
+    call(name, ctypes.byref(v), *args)
+    return v.value
+
+
+def out_ptr(name: str, *args: Any) -> int:
+    v = ctypes.c_void_p()
+    call(name, ctypes.byref(v), *args)
+    return v.value or 0
+
+
+def launch_entry_address() -> int:
+    """Address of cuLaunchKernel, for the native launcher."""
+    return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
