@@ -3,7 +3,6 @@ call, and a profile of the first call with a warm cache. Developer tool; prints 
 from __future__ import annotations
 
 import cProfile
-import ctypes
 import io
 import pstats
 import statistics
@@ -41,17 +40,20 @@ def main() -> None:
     step, _ = bound.steps[0]
     packed, l, k = step.packed, step.launch, step.kernel
     stream = torch.cuda.current_stream().cuda_stream
-    cu = be.cu
+    from cuda.bindings import driver as cu
     rows = {}
+    fn = cu.CUfunction(k.handle)
     rows["cuda-bindings cuLaunchKernel"] = per_call_us(
-        lambda: cu.cuLaunchKernel(k.handle, *l.grid, *l.block, 0, stream, packed.address, 0))
-    lib = ctypes.CDLL("libcuda.so.1")
-    f = lib.cuLaunchKernel
-    f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    f.restype = ctypes.c_int
+        lambda: cu.cuLaunchKernel(fn, *l.grid, *l.block, 0, stream, packed.address, 0))
+    from jitops.runtime import cuda_driver
+    f = cuda_driver.libcuda().cuLaunchKernel
     h = int(k.handle)
     rows["ctypes cuLaunchKernel"] = per_call_us(lambda: f(h, *l.grid, *l.block, 0, stream, packed.address, None))
-    rows["backend.launch"] = per_call_us(lambda: be.launch(k, l.grid, l.block, 0, packed, stream))
+    from jitops.runtime.fastlaunch import native_launcher
+    native, entry = native_launcher(), cuda_driver.launch_entry_address()
+    if native is not None:
+        rows["native launcher"] = per_call_us(lambda: native.launch(entry, h, *l.grid, *l.block, 0, stream, packed.address))
+    rows["bound step.run"] = per_call_us(lambda: step.run(packed, stream))
     rows["torch.empty_like"] = per_call_us(lambda: torch.empty_like(x))
     rows["torch.empty(shape, dtype, device)"] = per_call_us(lambda: torch.empty((4096,), dtype=torch.float32, device=x.device))
     raw = torch._C._cuda_getCurrentRawStream
