@@ -153,12 +153,12 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
         key: tuple | None = (op_name, backend, schedule, tuple(attrs.values()), *map(signature, values))
         bound = _cache.bound.get(key)
         if bound:
-            return bound(values, out)
+            return bound.run(values, out)
     except TypeError:   # an unhashable attribute (a list): key it by a hashable copy
         key = (op_name, backend, schedule, _hashable(attrs), *map(signature, values))
         bound = _cache.bound.get(key)
         if bound:
-            return bound(values, out)
+            return bound.run(values, out)
     except NoFastPath:
         key = None
     result, prepared, refs = _run_general(op_name, tensors, attrs, out, schedule, backend)

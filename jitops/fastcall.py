@@ -81,8 +81,62 @@ class BoundCall:
             raise NoFastPath  # host inputs are fingerprinted by content: the general path does that
         self.fingerprints: tuple | None = None
         self.set_sizes = backend.name == "cpu"   # only the emulator's checked mode reads sizes
+        self.input_count = len(input_names)
+        # run(inputs, out): straight-line generated code where possible, else the general loop.
+        self.run: Callable[[Sequence[Any], dict | None], Any] = self._generate() or self.call
 
-    def __call__(self, inputs: Sequence[Any], out: dict | None) -> Any:
+    def _generate(self) -> Callable | None:
+        """Straight-line Python for this plan: pointers, outputs, launches, no loops or lookups.
+
+        Only for plans without per-call workspaces or prepare steps on a GPU backend; a few
+        microseconds matter when the kernel itself takes one or two.
+        """
+        if self.temps or self.prepare_steps or self.set_sizes:
+            return None
+        ns: dict[str, Any] = {"signature": signature, "NoFastPath": NoFastPath, "lock": self.lock,
+                              "stream_of": self.stream, "alloc": self.alloc, "alloc_like": self.alloc_like}
+        lines = ["def fast(inputs, out):"]
+        ptr = "{}.data_ptr()" if self.is_torch else "{}.ctypes.data"
+        for k in range(self.input_count):
+            lines.append(f"    a{k} = inputs[{k}]")
+            lines.append(f"    p{k} = {ptr.format(f'a{k}')} if a{k} is not None else 0")
+        names = []
+        for j, (name, spec, expected, like) in enumerate(self.outputs):
+            k = self.input_count + j
+            ns[f"spec{j}"], ns[f"expected{j}"] = spec, expected
+            make = f"alloc(spec{j})" if like is None else f"alloc_like(a{like})"
+            lines += [f"    o{j} = out.get({name!r}) if out else None",
+                      f"    if o{j} is None:",
+                      f"        o{j} = {make}",
+                      f"    elif signature(o{j}) != expected{j}:",
+                      "        raise NoFastPath",
+                      f"    p{k} = {ptr.format(f'o{j}')}"]
+            names.append(f"o{j}")
+        lines += ["    s = stream_of()", "    with lock:"]
+        for n, (step, slots) in enumerate(self.steps):
+            ns[f"packed{n}"] = step.packed
+            for index, where, _ in slots:
+                ns[f"v{n}_{index}"] = step.packed.values[index]
+                value = f"p{where}" if isinstance(where, int) else repr(int(self.persistent[where]))
+                lines.append(f"        v{n}_{index}.value = {value}")
+            native = getattr(step.run, "native", None)
+            if native is not None:
+                run, entry, handle, gx, gy, gz, bx, by, bz, shared = native
+                ns[f"native{n}"], ns[f"fail{n}"] = run, step.run.fail
+                lines += [f"        rc = native{n}({entry}, {handle}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {shared}, s, "
+                          f"{step.packed.address})",
+                          "        if rc:",
+                          f"            fail{n}(rc, packed{n}, s)"]
+            else:
+                ns[f"run{n}"] = step.run
+                lines.append(f"        run{n}(packed{n}, s)")
+        result = names[0] if len(names) == 1 else "(" + ", ".join(names) + ",)"
+        lines.append(f"    return {result}")
+        exec(compile("\n".join(lines), "<jitops fast call>", "exec"), ns)
+        return ns["fast"]
+
+    def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
+        """The general repeat call (loops over steps, workspaces and prepare steps)."""
         pointer = self.pointer
         ptrs = [pointer(v) if v is not None else 0 for v in inputs]
         outs = []

@@ -3,6 +3,7 @@ call, and a profile of the first call with a warm cache. Developer tool; prints 
 from __future__ import annotations
 
 import cProfile
+import ctypes
 import io
 import pstats
 import statistics
@@ -14,7 +15,6 @@ import time
 import torch
 
 import jitops
-from jitops.runtime import get_backend
 
 
 def per_call_us(fn, n=20000):
@@ -32,7 +32,6 @@ def per_call_us(fn, n=20000):
 
 
 def main() -> None:
-    be = get_backend()
     x = torch.randn(4096, device="cuda")
     y = jitops.leaky_relu(x, 0.1)
     from jitops.engine import _cache
@@ -53,7 +52,13 @@ def main() -> None:
     native, entry = native_launcher(), cuda_driver.launch_entry_address()
     if native is not None:
         rows["native launcher"] = per_call_us(lambda: native.launch(entry, h, *l.grid, *l.block, 0, stream, packed.address))
+        import struct
+        buf = ctypes.create_string_buffer(struct.pack("QQif", x.data_ptr(), y.data_ptr(), 4096, 0.1), 24)
+        baddr = ctypes.addressof(buf)
+        rows["native launcher, one buffer"] = per_call_us(
+            lambda: native.launch_buffer(entry, h, *l.grid, *l.block, 0, stream, baddr, 24))
     rows["bound step.run"] = per_call_us(lambda: step.run(packed, stream))
+    rows["bound.run (generated)"] = per_call_us(lambda: bound.run((x,), None))
     rows["torch.empty_like"] = per_call_us(lambda: torch.empty_like(x))
     rows["torch.empty(shape, dtype, device)"] = per_call_us(lambda: torch.empty((4096,), dtype=torch.float32, device=x.device))
     raw = torch._C._cuda_getCurrentRawStream

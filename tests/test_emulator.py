@@ -208,3 +208,44 @@ def test_unchecked_mode_runs_and_warp_size_from_env(monkeypatch):
 
 def test_matrix_cores_absent():
     assert get_backend("cpu").device.matrix_cores is False
+
+
+VOTES = r"""
+JT_KERNEL void votes(unsigned long long* ballots, int* flags) {
+  const int lane = threadIdx.x % JT_WARP_SIZE, warp = threadIdx.x / JT_WARP_SIZE;
+  jt_uint64 b = jt_ballot(lane % 3 == 0);
+  bool any_big = jt_any(lane == JT_WARP_SIZE - 1);
+  bool all_pos = jt_all(lane >= 0);
+  bool all_even = jt_all(lane % 2 == 0);
+  if (lane == 0) {
+    ballots[warp] = b;
+    flags[3 * warp + 0] = any_big;
+    flags[3 * warp + 1] = all_pos;
+    flags[3 * warp + 2] = all_even;
+  }
+}
+"""
+
+
+def test_votes(backend):
+    ws = backend.device.warp_size
+    ballots = np.zeros(2, np.uint64)
+    flags = np.full(6, -1, np.int32)
+    launch(backend, VOTES, "votes", (1, 1, 1), (2 * ws, 1, 1), [("ptr", ballots), ("ptr", flags)])
+    want = sum(1 << l for l in range(ws) if l % 3 == 0)
+    assert list(ballots) == [want, want]
+    assert list(flags) == [1, 1, 0, 1, 1, 0]
+
+
+def test_done_when_commands_of_issue_3():
+    """The issue's acceptance commands, run as a user would (fresh processes, both warp sizes)."""
+    import subprocess
+    import sys
+    code = ("import jitops, numpy as np; x = np.random.randn(1000003).astype('float32'); "
+            "print(abs(jitops.leaky_relu(x, 0.1) - np.where(x > 0, x, 0.1 * x)).max())")
+    import os
+    for ws in ("32", "64"):
+        env = {**os.environ, "JITOPS_BACKEND": "cpu", "JITOPS_CPU_WARP_SIZE": ws}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "0.0", (ws, out.stdout)

@@ -78,12 +78,16 @@ def _env_key() -> tuple:
 
 
 def current_backend() -> Backend:
-    """get_backend() with no arguments, for the per-call hot path."""
+    """get_backend() with no arguments, for the per-call hot path.
+
+    The default is resolved once; JITOPS_BACKEND set later in the process is seen by
+    get_backend() (which re-resolves it), not by this function until then.
+    """
     current = getattr(_local, "backend", None)
     if current is not None:
         return current
     d = _default
-    if d is not None and d[0] == _env_key():
+    if d is not None:
         return d[1]
     return get_backend()
 

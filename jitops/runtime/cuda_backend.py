@@ -239,6 +239,11 @@ class CudaBackend(Backend):
                 rc = run(entry, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address)
                 if rc:
                     self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
+
+            # What a generated host function needs to make this call inline (see fastcall.py).
+            launch.native = (run, entry, handle, gx, gy, gz, bx, by, bz, shared_bytes)
+            launch.fail = lambda rc, args, stream: self._retry_or_raise(rc, kernel, grid, block, shared_bytes,
+                                                                        args.address, stream)
         else:
             fn = drv.libcuda().cuLaunchKernel
 

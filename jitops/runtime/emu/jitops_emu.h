@@ -107,6 +107,30 @@ template <typename T> static inline T jt_shfl(T v, int src_lane, int width = JT_
   return jt_emu_shfl_from(v, base + (((src_lane % width) + width) % width));
 }
 
+// Votes: every lane publishes its predicate through the warp exchange, then reads all of them.
+static inline jt_uint64 jt_ballot(bool p) {
+  const int lane = (int)jt_emu_lane();
+  const int base = 0;
+  jt_uint64 mask = 0;
+  int mine = p ? 1 : 0;
+  for (int l = 0; l < JT_WARP_SIZE; ++l) {
+    int v = jt_emu_shfl_from(mine, base + l);
+    if (v) mask |= (jt_uint64)1 << l;
+  }
+  (void)lane;
+  return mask;
+}
+static inline bool jt_any(bool p) { return jt_ballot(p) != 0; }
+static inline bool jt_all(bool p) {
+  const jt_emu::Tls* t = jt_emu_tls();
+  unsigned nthreads = t->block_dim.x * t->block_dim.y * t->block_dim.z;
+  unsigned linear = t->thread_idx.x + t->block_dim.x * (t->thread_idx.y + t->block_dim.y * t->thread_idx.z);
+  unsigned first = linear - linear % JT_WARP_SIZE;
+  unsigned lanes = nthreads - first < (unsigned)JT_WARP_SIZE ? nthreads - first : (unsigned)JT_WARP_SIZE;
+  jt_uint64 want = lanes == 64 ? ~(jt_uint64)0 : (((jt_uint64)1 << lanes) - 1);
+  return jt_ballot(p) == want;
+}
+
 static inline float jt_inf() { return __builtin_inff(); }
 static inline float jt_to_f32(jt_half h) { return (float)h; }
 static inline jt_half jt_f32_to_half(float f) { return (jt_half)f; }
