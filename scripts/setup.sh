@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="g++ hipcc libamdhip64-dev libhiprtc-builtins5 rocm-device-libs"
+# g++: the CPU emulator. ROCm 5.2 (hiprtc): gfx90a compile checks. clang/lld/llvm 19: gfx942 and RDNA3,
+# which that hiprtc cannot build.
+APT_PACKAGES="g++ hipcc libamdhip64-dev libhiprtc-builtins5 rocm-device-libs clang-19 lld-19 llvm-19"
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   missing=""
   for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

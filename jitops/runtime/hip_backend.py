@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from .. import config
 from ..device import KNOWN_TARGETS, DeviceInfo
 from ..errors import BackendUnavailable, CompileError, LaunchError
+from . import hip_clang
 from .base import Backend, Kernel, PackedArgs, save_failed_source
 from .hiprtc_worker import hiprtc_compile
 
@@ -101,16 +102,27 @@ class HipBackend(Backend):
     name = "hip"
 
     def __init__(self, target: str | None = None, ordinal: int | None = None):
+        self.ordinal = int(os.environ.get("JITOPS_DEVICE", "0")) if ordinal is None else ordinal
+        self._lock = threading.Lock()
+        self._raised_smem: set[int] = set()
+        # Offline, targets the installed hiprtc has no device library for go through clang.
+        self._use_clang = target is not None and not hip_clang.hiprtc_supports(target)
+        if self._use_clang:
+            if hip_clang.find_clang() is None:
+                raise BackendUnavailable(f"hip backend: the installed hiprtc cannot compile for {target} and no "
+                                         "clang >= 17 with ld.lld and llvm-as is on PATH "
+                                         "(Debian: apt install clang-19 lld-19 llvm-19)")
+            self._compiler = hip_clang.clang_id()
+            self.device = _offline_device(target)
+            self.hip = None
+            return
         if not _hip_python_version():
             raise BackendUnavailable("hip backend needs hip-python (pip install 'jitops[rocm]' with the "
                                      "hip-python version matching your ROCm)")
-        self.ordinal = int(os.environ.get("JITOPS_DEVICE", "0")) if ordinal is None else ordinal
         lib = find_hiprtc_library()
         if lib is None:
             raise BackendUnavailable("hip backend: no hiprtc library found (install ROCm)")
         self._compiler = f"hiprtc:{lib.resolve().name} hip-python-{_hip_python_version()}"
-        self._lock = threading.Lock()
-        self._raised_smem: set[int] = set()
         if target is not None:
             self.device = _offline_device(target)
             self.hip = None
@@ -169,7 +181,9 @@ class HipBackend(Backend):
         return "hsaco"
 
     def compile(self, source: str, kernel_names: Sequence[str], label: str) -> bytes:
-        if self.device.online:
+        if self._use_clang:
+            ok, binary, compile_log = hip_clang.compile_with_clang(source, self.device.arch, label)
+        elif self.device.online:
             ok, binary, compile_log = hiprtc_compile(source, label, list(self.compile_options()))
         else:
             ok, binary, compile_log = self._compile_in_subprocess(source, label)
