@@ -1,0 +1,450 @@
+"""Which ONNX nodes (and small patterns of nodes) one jitops op can run, with ONNX semantics.
+
+Each matcher looks at one node and yields Candidates, most fused first, or a Rejection saying
+why the node cannot be taken. Conv folds a following inference BatchNormalization into its
+weights and takes a following Relu / LeakyRelu as its epilogue; BatchNormalization takes the
+activation too; MatMul -> [Mul|Div] -> [Add mask] -> Softmax -> MatMul becomes one attention.
+Opset differences handled here: Conv auto_pad, BatchNormalization is_test/spatial/training_mode,
+GroupNormalization's per-group (18) vs per-channel (21) scale, Softmax's default axis.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .graph import GraphView
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class Candidate:
+    """A replacement: one jitops node of `op_type` for the ONNX `nodes`, writing `output`."""
+
+    op_type: str
+    nodes: list[Any]
+    inputs: list[str]                       # value names in op-type input order ('' = absent)
+    attrs: dict[str, Any]
+    output: str
+    constants: dict[str, np.ndarray] = field(default_factory=dict)   # new initializers
+    extra_nodes: list[Any] = field(default_factory=list)             # inserted before the jitops node
+    values: dict[str, tuple[tuple[int, ...] | None, str]] = field(default_factory=dict)  # new value types
+
+
+@dataclass
+class Rejection:
+    nodes: list[Any]
+    onnx_op: str
+    reason: str
+
+
+Match = Candidate | Rejection
+Matcher = Callable[[GraphView, Any, bool, "Namer"], Iterator[Match]]
+
+
+class Namer:
+    """Fresh value names that collide with nothing in the graph."""
+
+    def __init__(self, view: GraphView):
+        self.used = set(view.types) | set(view.initializers) | set(view.producer)
+        for node in view.graph.node:
+            self.used.update(node.input)
+
+    def __call__(self, base: str, suffix: str) -> str:
+        name, k = f"{base}__jitops_{suffix}", 1
+        while name in self.used:
+            k += 1
+            name = f"{base}__jitops_{suffix}{k}"
+        self.used.add(name)
+        return name
+
+
+def _s(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _extra_outputs_used(view: GraphView, node: Any) -> bool:
+    return any(o and (o in view.outputs or view.consumers.get(o)) for o in node.output[1:])
+
+
+def _same_domain(node: Any) -> bool:
+    return node.domain in ONNX_DOMAINS
+
+
+# ---------------------------------------------------------------- activations (epilogues)
+
+def _activation(view: GraphView, value: str) -> tuple[Any, str, dict[str, Any]] | None:
+    """A Relu / LeakyRelu that is the only reader of `value`: (node, variant suffix, attrs)."""
+    user = view.only_consumer(value)
+    if user is None or not _same_domain(user) or user.input[0] != value:
+        return None
+    if user.op_type == "Relu":
+        return user, "Relu", {}
+    if user.op_type == "LeakyRelu":
+        return user, "LeakyRelu", {"alpha": float(view.attrs(user).get("alpha", 0.01))}
+    return None
+
+
+def _with_activation(view: GraphView, cand: Candidate, fuse: bool) -> Iterator[Candidate]:
+    if fuse:
+        act = _activation(view, cand.output)
+        if act is not None:
+            node, suffix, attrs = act
+            yield Candidate(cand.op_type + suffix, cand.nodes + [node], cand.inputs, {**cand.attrs, **attrs},
+                            node.output[0], cand.constants, cand.extra_nodes, cand.values)
+    yield cand
+
+
+# ---------------------------------------------------------------- Conv (+ BatchNormalization) (+ activation)
+
+def _conv_pads(view: GraphView, node: Any, a: dict[str, Any], kernel: tuple[int, ...], strides: list[int],
+               dilations: list[int]) -> list[int] | str:
+    auto_pad = _s(a.get("auto_pad", "NOTSET"))
+    if auto_pad == "NOTSET":
+        pads = [int(p) for p in a.get("pads", [0] * 4)]
+        return pads if len(pads) == 4 else f"pads {pads} is not 4 values"
+    if auto_pad == "VALID":
+        return [0, 0, 0, 0]
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return f"auto_pad '{auto_pad}' is not an ONNX value"
+    shape = view.static_shape(node.input[0])
+    if shape is None:
+        return "auto_pad SAME_* needs the input's spatial size (pass input_shapes=...)"
+    begin, end = [], []
+    for size, k, s, d in zip(shape[2:], kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small = total // 2
+        # SAME_UPPER puts the odd pixel at the end, SAME_LOWER at the beginning.
+        b = small if auto_pad == "SAME_UPPER" else total - small
+        begin.append(b)
+        end.append(total - b)
+    return begin + end
+
+
+def _bn_inference(view: GraphView, node: Any) -> str:
+    """'' when a BatchNormalization runs in inference mode with one used output, else why not."""
+    a = view.attrs(node)
+    if int(a.get("training_mode", 0)):
+        return "BatchNormalization in training mode (training_mode=1)"
+    if view.opset < 7 and not int(a.get("is_test", 0)):
+        return "BatchNormalization-6 with is_test=0 (training mode)"
+    if view.opset < 9 and not int(a.get("spatial", 1)):
+        return "BatchNormalization with spatial=0 (per-element statistics)"
+    if _extra_outputs_used(view, node):
+        return "BatchNormalization's running statistics outputs are used"
+    return ""
+
+
+def _fold_bn(view: GraphView, conv: Any, bn: Any, namer: Namer) -> tuple[str, str, dict[str, np.ndarray]] | None:
+    """Conv weights and bias with an inference BatchNormalization folded in, or None (not constant)."""
+    w = view.constant(conv.input[1])
+    b_name = conv.input[2] if len(conv.input) > 2 else ""
+    b = view.constant(b_name) if b_name else None
+    params = [view.constant(n) for n in bn.input[1:5]]
+    if w is None or (b_name and b is None) or any(p is None for p in params) or _bn_inference(view, bn):
+        return None
+    scale, shift, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params)
+    eps = float(view.attrs(bn).get("epsilon", 1e-5))
+    cout = w.shape[0]
+    if any(p.size != cout for p in (scale, shift, mean, var)):
+        return None
+    k = scale / np.sqrt(var + eps)
+    w_f = (w.astype(np.float64) * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+    b0 = b.astype(np.float64).reshape(-1) if b is not None else np.zeros(cout)
+    b_f = ((b0 - mean) * k + shift).astype(w.dtype)
+    w_name, b_name_new = namer(conv.input[1], "bnfold_w"), namer(conv.input[1], "bnfold_b")
+    return w_name, b_name_new, {w_name: w_f, b_name_new: b_f}
+
+
+def match_conv(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    a = view.attrs(node)
+    x_shape, w_shape = view.shape(node.input[0]), view.shape(node.input[1])
+    if (x_shape is not None and len(x_shape) != 4) or (w_shape is not None and len(w_shape) != 4):
+        yield Rejection([node], "Conv", "only 2-D convolution (4-D NCHW input, OIHW weights) is supported")
+        return
+    kernel = tuple(int(k) for k in a.get("kernel_shape", [])) or (
+        tuple(int(d) for d in w_shape[2:]) if w_shape and None not in w_shape[2:] else None)
+    if kernel is None:
+        yield Rejection([node], "Conv", "the kernel size is unknown (no kernel_shape, weights of unknown shape)")
+        return
+    strides = [int(s) for s in a.get("strides", [1, 1])]
+    dilations = [int(d) for d in a.get("dilations", [1, 1])]
+    pads = _conv_pads(view, node, a, kernel, strides, dilations)
+    if isinstance(pads, str):
+        yield Rejection([node], "Conv", pads)
+        return
+    bias = node.input[2] if len(node.input) > 2 else ""
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": int(a.get("group", 1))}
+    plain = Candidate("Conv2d", [node], [node.input[0], node.input[1], bias], attrs, node.output[0])
+    if fuse:
+        bn = view.only_consumer(node.output[0])
+        if (bn is not None and bn.op_type == "BatchNormalization" and _same_domain(bn)
+                and bn.input[0] == node.output[0]):
+            folded = _fold_bn(view, node, bn, namer)
+            if folded is not None:
+                w_name, b_name, consts = folded
+                fused = Candidate("Conv2d", [node, bn], [node.input[0], w_name, b_name], attrs, bn.output[0],
+                                  consts, values={n: (tuple(v.shape), str(v.dtype)) for n, v in consts.items()})
+                yield from _with_activation(view, fused, fuse)
+    yield from _with_activation(view, plain, fuse)
+
+
+# ---------------------------------------------------------------- normalizations and LeakyRelu
+
+def match_batch_norm(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    why = _bn_inference(view, node)
+    if why:
+        yield Rejection([node], "BatchNormalization", why)
+        return
+    eps = float(view.attrs(node).get("epsilon", 1e-5))
+    yield from _with_activation(view, Candidate("BatchNorm", [node], list(node.input[:5]), {"epsilon": eps},
+                                                node.output[0]), fuse)
+
+
+def _affine_param(view: GraphView, name: str, want: tuple[int, ...] | None, namer: Namer, what: str
+                  ) -> tuple[str, dict[str, np.ndarray], str]:
+    """A scale/bias of exactly shape `want`: as is, or a constant broadcast at rewrite time."""
+    if not name:
+        return "", {}, ""
+    shape = view.static_shape(name)
+    if want is None or shape == want:
+        return name, {}, ""
+    value = view.constant(name)
+    if value is None:
+        return name, {}, f"{what} of shape {shape} would need broadcasting to {want} and is not a constant"
+    new = namer(name, "expanded")
+    return new, {new: np.ascontiguousarray(np.broadcast_to(value, want))}, ""
+
+
+def _stash_ok(view: GraphView, node: Any) -> str:
+    stash = int(view.attrs(node).get("stash_type", 1))
+    return "" if stash == 1 else f"stash_type={stash} (jitops keeps statistics in float32)"
+
+
+def _trailing_norm(view: GraphView, node: Any, onnx_op: str, op_type: str, n_params: int, namer: Namer
+                   ) -> Iterator[Match]:
+    a = view.attrs(node)
+    why = _stash_ok(view, node) or ("Mean/InvStdDev outputs are used" if _extra_outputs_used(view, node) else "")
+    if why:
+        yield Rejection([node], onnx_op, why)
+        return
+    axis = int(a.get("axis", -1))
+    x_shape = view.static_shape(node.input[0])
+    want = None
+    if x_shape is not None:
+        axis_p = axis + len(x_shape) if axis < 0 else axis
+        want = tuple(x_shape[axis_p:])
+    inputs, consts, values = [node.input[0]], {}, {}
+    for i, what in zip(range(1, 1 + n_params), ("scale", "bias")):
+        name = node.input[i] if len(node.input) > i else ""
+        new, c, why = _affine_param(view, name, want, namer, what)
+        if why:
+            yield Rejection([node], onnx_op, why)
+            return
+        inputs.append(new)
+        consts.update(c)
+    values = {n: (tuple(v.shape), str(v.dtype)) for n, v in consts.items()}
+    yield Candidate(op_type, [node], inputs, {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5))},
+                    node.output[0], consts, values=values)
+
+
+def match_layer_norm(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    yield from _trailing_norm(view, node, "LayerNormalization", "LayerNorm", 2, namer)
+
+
+def match_rms_norm(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    yield from _trailing_norm(view, node, "RMSNormalization", "RmsNorm", 1, namer)
+
+
+def match_group_norm(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    a = view.attrs(node)
+    why = _stash_ok(view, node)
+    if why:
+        yield Rejection([node], "GroupNormalization", why)
+        return
+    groups = int(a["num_groups"])
+    attrs = {"num_groups": groups, "epsilon": float(a.get("epsilon", 1e-5))}
+    inputs, consts = [node.input[0], node.input[1], node.input[2]], {}
+    if view.opset < 21:
+        # GroupNormalization-18: scale and bias per group; jitops (and opset 21) take them per channel.
+        x_shape = view.shape(node.input[0])
+        channels = x_shape[1] if x_shape and len(x_shape) > 1 else None
+        values = [view.constant(n) for n in node.input[1:3]]
+        if channels is None or any(v is None for v in values):
+            yield Rejection([node], "GroupNormalization", "GroupNormalization-18 has per-group scale and bias; "
+                            "jitops needs them per channel (constant scale/bias and a known channel count)")
+            return
+        for i, v in enumerate(values):
+            new = namer(node.input[1 + i], "per_channel")
+            consts[new] = np.repeat(np.asarray(v).reshape(-1), int(channels) // groups)
+            inputs[1 + i] = new
+    values_t = {n: (tuple(v.shape), str(v.dtype)) for n, v in consts.items()}
+    yield Candidate("GroupNorm", [node], inputs, attrs, node.output[0], consts, values=values_t)
+
+
+def match_leaky_relu(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    yield Candidate("LeakyRelu", [node], [node.input[0]], {"alpha": float(view.attrs(node).get("alpha", 0.01))},
+                    node.output[0])
+
+
+# ---------------------------------------------------------------- attention
+
+def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    """ONNX Attention (opset 23+), 4-D inputs, no KV cache, softcap or extra outputs."""
+    a = view.attrs(node)
+    ins = list(node.input) + [""] * 6
+    q_shape = view.shape(ins[0])
+    problems = [
+        (q_shape is not None and len(q_shape) != 4, "3-D Q/K/V with q_num_heads (only 4-D [B, H, S, D] inputs)"),
+        (bool(ins[4] or ins[5]), "past_key / past_value (KV cache)"),
+        (len(node.input) > 6 and bool(node.input[6]), "nonpad_kv_seqlen"),
+        (float(a.get("softcap", 0.0)) != 0.0, "softcap"),
+        (_extra_outputs_used(view, node), "present_key / present_value / qk_matmul_output outputs"),
+        (bool(ins[3]) and view.dtype(ins[3]) == "bool", "a boolean attn_mask (jitops takes an additive mask)"),
+    ]
+    for bad, what in problems:
+        if bad:
+            yield Rejection([node], "Attention", f"not supported: {what}")
+            return
+    attrs: dict[str, Any] = {"is_causal": int(a.get("is_causal", 0))}
+    if "scale" in a:
+        attrs["scale"] = float(a["scale"])
+    if ins[3]:
+        yield Candidate("MaskedAttention", [node], ins[:4], attrs, node.output[0])
+    else:
+        yield Candidate("Attention", [node], ins[:3], attrs, node.output[0])
+
+
+def _scalar_operand(view: GraphView, node: Any) -> tuple[str, float] | None:
+    """For Mul/Div with one scalar constant operand: (the other input, the constant)."""
+    for i in (0, 1):
+        c = view.scalar(node.input[1 - i])
+        if c is not None and (node.op_type == "Mul" or i == 0):
+            return node.input[i], c
+    return None
+
+
+def _leads_to_matmul(view: GraphView, value: str) -> bool:
+    """True when `value` is MatMul(...) or a constant-scaled MatMul(...): the scores side of an Add."""
+    prod = view.producer.get(value)
+    if prod is not None and prod.op_type in ("Mul", "Div") and _same_domain(prod):
+        found = _scalar_operand(view, prod)
+        prod = view.producer.get(found[0]) if found else None
+    return prod is not None and prod.op_type == "MatMul" and _same_domain(prod)
+
+
+def _key_input(view: GraphView, kt: str, namer: Namer) -> tuple[str, float, list[Any], list[Any], dict] | None:
+    """K (not transposed) for MatMul(Q, K^T): (name, scale factor, covered nodes, new nodes, new values)."""
+    from onnx import helper
+    scale, covered = 1.0, []
+    prod = view.producer.get(kt)
+    if prod is not None and prod.op_type == "Mul" and _same_domain(prod) and view.only_consumer(kt):
+        found = _scalar_operand(view, prod)
+        if found is not None:
+            kt, c = found
+            scale *= c
+            covered.append(prod)
+            prod = view.producer.get(kt)
+    shape = view.shape(kt)
+    if shape is None or len(shape) not in (3, 4):
+        return None
+    rank = len(shape)
+    swapped = tuple(shape[:-2]) + (shape[-1], shape[-2])
+    if prod is not None and prod.op_type == "Transpose" and _same_domain(prod) and view.only_consumer(kt):
+        pa = view.attrs(prod)
+        perm = [int(p) for p in pa["perm"]] if "perm" in pa else list(range(rank))[::-1]
+        perm = perm[:-2] + [perm[-1], perm[-2]]
+        covered.append(prod)
+        if perm == list(range(rank)):
+            return prod.input[0], scale, covered, [], {}
+        name = namer(kt, "k")
+        return name, scale, covered, [helper.make_node("Transpose", [prod.input[0]], [name], perm=perm,
+                                                       name=namer(kt, "k_transpose"))], {name: (swapped, view.dtype(kt))}
+    name = namer(kt, "k")
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return name, scale, covered, [helper.make_node("Transpose", [kt], [name], perm=perm,
+                                                   name=namer(kt, "k_transpose"))], {name: (swapped, view.dtype(kt))}
+
+
+def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
+    """MatMul(Q, K^T) -> [Mul|Div by a constant] -> [Add mask] -> Softmax(last axis) -> MatMul(., V)."""
+    if not fuse or view.opset < 13:
+        return
+    shape = view.shape(node.input[0])
+    if shape is None:
+        return
+    axis = int(view.attrs(node).get("axis", -1))
+    if axis not in (-1, len(shape) - 1):
+        return
+    pv = view.only_consumer(node.output[0])
+    if pv is None or pv.op_type != "MatMul" or not _same_domain(pv) or pv.input[0] != node.output[0]:
+        return
+    covered, scale, mask = [node, pv], 1.0, ""
+    value = node.input[0]
+    prod = view.producer.get(value)
+
+    def step(n: Any) -> bool:
+        return n is not None and _same_domain(n) and view.only_consumer(value) is not None
+
+    if step(prod) and prod.op_type == "Add":
+        for i in (0, 1):
+            src = view.producer.get(prod.input[i])
+            if _leads_to_matmul(view, prod.input[i]):
+                mask, value = prod.input[1 - i], prod.input[i]
+                covered.append(prod)
+                prod = src
+                break
+        else:
+            return
+    if step(prod) and prod.op_type in ("Mul", "Div"):
+        found = _scalar_operand(view, prod)
+        if found is None:
+            return
+        value, c = found
+        scale *= c if prod.op_type == "Mul" else 1.0 / c
+        covered.append(prod)
+        prod = view.producer.get(value)
+    if not step(prod) or prod.op_type != "MatMul":
+        return
+    covered.append(prod)
+    q = prod.input[0]
+    qp = view.producer.get(q)
+    if qp is not None and qp.op_type == "Mul" and _same_domain(qp) and view.only_consumer(q) is not None:
+        found = _scalar_operand(view, qp)
+        if found is not None:
+            q, c = found
+            scale *= c
+            covered.append(qp)
+    key = _key_input(view, prod.input[1], namer)
+    if key is None:
+        return
+    k, k_scale, k_nodes, extra, values = key
+    dtype = view.dtype(q)
+    if view.opset < 15 and dtype != "float32":
+        yield Rejection(covered, "MatMul/Softmax/MatMul", "a float16 attention pattern needs opset >= 15 "
+                        "(its fallback body casts the scale with CastLike)")
+        return
+    attrs = {"scale": float(scale * k_scale), "is_causal": 0}
+    op_type = "MaskedAttention" if mask else "Attention"
+    inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
+    yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], extra_nodes=extra, values=values)
+
+
+MATCHERS: dict[str, Matcher] = {
+    "Conv": match_conv,
+    "BatchNormalization": match_batch_norm,
+    "GroupNormalization": match_group_norm,
+    "LayerNormalization": match_layer_norm,
+    "RMSNormalization": match_rms_norm,
+    "LeakyRelu": match_leaky_relu,
+    "Attention": match_attention_op,
+    "Softmax": match_softmax_attention,
+}
+
+# ONNX op type -> the jitops op that runs it (for the `ops=` filter).
+ONNX_TO_OP = {"Conv": "conv2d", "BatchNormalization": "batch_norm", "GroupNormalization": "group_norm",
+              "LayerNormalization": "layer_norm", "RMSNormalization": "rms_norm", "LeakyRelu": "leaky_relu",
+              "Attention": "attention", "Softmax": "attention"}

@@ -1,0 +1,184 @@
+"""ONNX nodes -> jitops problems: what a model would run on jitops, and why the rest would not.
+
+    from jitops.onnx import supported_nodes
+    for p in supported_nodes("model.onnx", input_shapes={"x": (1, 3, 224, 224)}):
+        print(p.op, p.problem.key(), p.nodes)
+
+This is the single source of truth for `jitops.onnx.rewrite` (which replaces exactly these
+nodes), `jitops bundle` (which compiles exactly these problems) and the tuner (which tunes them).
+Shapes come from onnx.shape_inference; `input_shapes` fixes dynamic input dimensions.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import JitopsError
+from ..ops import get_op, op_names
+from ..ops.base import TensorSpec
+from .graph import GraphView, load_model
+from .matchers import MATCHERS, ONNX_DOMAINS, ONNX_TO_OP, Candidate, Namer, Rejection
+from .optypes import OP_TYPES
+
+log = logging.getLogger("jitops.onnx")
+
+
+@dataclass
+class NodeProblem:
+    """ONNX node(s) one jitops op can run (several when fused), with the op's problem.
+
+    `problem` is the op module's Problem (hashable, `problem.key()` names tuning records); it is
+    None when the nodes cannot run on jitops, and `reason` then says why.
+    """
+
+    nodes: tuple[str, ...]                  # node names (op_type:first_output when unnamed)
+    onnx_ops: tuple[str, ...]               # their ONNX op types, e.g. ("Conv", "BatchNormalization", "Relu")
+    op_type: str                            # node type in domain `jitops` (optypes.OP_TYPES)
+    op: str                                 # the jitops op: "conv2d", "attention", ...
+    inputs: dict[str, TensorSpec | None]    # the op's tensor inputs
+    attrs: dict[str, Any]                   # the op's attributes, as jitops.<op>() takes them
+    problem: Any | None
+    reason: str = ""
+    # What the rewrite needs: the jitops node's inputs/outputs/attributes, new constants, inserted nodes.
+    node_inputs: tuple[str, ...] = ()
+    node_output: str = ""
+    node_attrs: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    extra_nodes: list[Any] = field(default_factory=list, repr=False)
+    covered: list[Any] = field(default_factory=list, repr=False)    # the ONNX NodeProtos replaced
+
+    @property
+    def supported(self) -> bool:
+        return self.problem is not None
+
+    @property
+    def key(self) -> str:
+        """The problem key (tuning records, bundles); '' when unsupported."""
+        return self.problem.key() if self.problem is not None else ""
+
+    def describe(self) -> str:
+        what = "+".join(self.onnx_ops)
+        if self.supported:
+            return f"{what} -> jitops::{self.op_type} ({self.op}) {self.key}"
+        return f"{what} stays ONNX: {self.reason}"
+
+
+def _node_id(node: Any) -> str:
+    return node.name or f"{node.op_type}:{node.output[0] if node.output else '?'}"
+
+
+def _wanted_ops(ops: Iterable[str] | None) -> set[str] | None:
+    """`ops` as jitops op names; ONNX op types (\"Conv\") are accepted too."""
+    if ops is None:
+        return None
+    if isinstance(ops, str):
+        ops = [ops]
+    known = {t.op for t in OP_TYPES.values()}
+    out = set()
+    for o in ops:
+        name = ONNX_TO_OP.get(o, o)
+        if name not in known:
+            raise ValueError(f"ops: '{o}' is neither a jitops op ({', '.join(sorted(known))}) "
+                             f"nor a supported ONNX op ({', '.join(sorted(ONNX_TO_OP))})")
+        out.add(name)
+    return out
+
+
+def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int]) -> NodeProblem:
+    t = OP_TYPES[cand.op_type]
+    cand.nodes = sorted(cand.nodes, key=lambda n: order.get(id(n), -1))
+    specs: dict[str, TensorSpec | None] = {}
+    reason = ""
+    for jname, vname in zip(t.inputs, list(cand.inputs) + [""] * len(t.inputs)):
+        if not vname:
+            specs[jname] = None
+            if jname not in t.optional:
+                reason = reason or f"input '{jname}' is missing"
+            continue
+        shape, dtype = cand.values.get(vname) or (view.static_shape(vname), view.dtype(vname))
+        if shape is None:
+            reason = reason or f"the shape of '{vname}' is not known (pass input_shapes=...)"
+            specs[jname] = None
+            continue
+        specs[jname] = TensorSpec(tuple(int(s) for s in shape), dtype)
+    problem, attrs = None, {}
+    if not reason and t.op not in op_names():
+        reason = f"jitops op '{t.op}' is not available in this build"
+    if not reason:
+        try:
+            attrs = t.op_attrs(cand.attrs, {n: s.shape for n, s in specs.items() if s is not None})
+            problem = get_op(t.op).make_problem(specs, attrs)
+        except (JitopsError, ValueError, KeyError, TypeError) as exc:
+            reason = str(exc)
+    return NodeProblem(
+        nodes=tuple(_node_id(n) for n in cand.nodes), onnx_ops=tuple(n.op_type for n in cand.nodes),
+        op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
+        node_inputs=tuple(cand.inputs), node_output=cand.output, node_attrs=dict(cand.attrs),
+        constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes))
+
+
+def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              ops: Iterable[str] | None = None, fuse: bool = True) -> list[NodeProblem]:
+    """Every node group jitops recognises, supported or not (unsupported ones carry `reason`).
+
+    model: ModelProto, path or bytes. input_shapes: {graph input name: shape} for dynamic dims.
+    ops: restrict to these jitops ops (or ONNX op types), default all. fuse: Conv+BatchNorm+activation,
+    BatchNorm+activation and MatMul/Softmax/MatMul attention patterns (default on).
+    Groups are disjoint and in graph order; nodes jitops has no op for are not listed.
+    """
+    proto = load_model(model)
+    view = GraphView(proto, input_shapes)
+    wanted = _wanted_ops(ops)
+    namer = Namer(view)
+    taken: set[int] = set()
+    order = {id(n): i for i, n in enumerate(proto.graph.node)}
+    out: list[NodeProblem] = []
+    for node in proto.graph.node:
+        matcher = MATCHERS.get(node.op_type)
+        if matcher is None or node.domain not in ONNX_DOMAINS or id(node) in taken:
+            continue
+        if wanted is not None and ONNX_TO_OP[node.op_type] not in wanted:
+            continue
+        first_failure: NodeProblem | None = None
+        chosen: NodeProblem | None = None
+        for match in matcher(view, node, fuse, namer):
+            if any(id(n) in taken for n in match.nodes):
+                continue
+            if isinstance(match, Rejection):
+                first_failure = first_failure or _rejected(match)
+                continue
+            result = _problem(view, match, order)
+            if result.supported:
+                chosen = result
+                break
+            # Keep the reason of the least fused form: it is the one that says why nothing fits.
+            first_failure = result if first_failure is None or len(result.covered) <= len(first_failure.covered) \
+                else first_failure
+        picked = chosen or first_failure
+        if picked is None:
+            continue
+        if chosen is not None:
+            taken.update(id(n) for n in chosen.covered)
+        out.append(picked)
+    log.info("%d jitops candidates, %d supported", len(out), sum(p.supported for p in out))
+    return out
+
+
+def _rejected(r: Rejection) -> NodeProblem:
+    op = ONNX_TO_OP.get(r.onnx_op, "")
+    return NodeProblem(nodes=tuple(_node_id(n) for n in r.nodes), onnx_ops=tuple(n.op_type for n in r.nodes),
+                       op_type="", op=op, inputs={}, attrs={}, problem=None, reason=r.reason, covered=list(r.nodes))
+
+
+def supported_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                    ops: Iterable[str] | None = None, fuse: bool = True) -> list[NodeProblem]:
+    """The node groups of `model` that jitops runs: exactly what `rewrite` replaces with the same arguments.
+
+    Each NodeProblem has `.op` (jitops op name), `.problem` (its Problem; `.key` its record key),
+    `.inputs` / `.attrs` (what jitops.<op>() would be called with) and `.nodes` (ONNX node names).
+    Use `map_nodes` to also see the recognised nodes that stay ONNX, each with its `reason`.
+    """
+    return [p for p in map_nodes(model, input_shapes, ops, fuse) if p.supported]

@@ -1,0 +1,134 @@
+"""The node types of ONNX domain `jitops`: the one contract between rewrite, kernels and fallbacks.
+
+A rewritten model holds nodes like `jitops::Conv2dRelu(X, W, B)` with ONNX-style attributes
+(strides, pads, ...). This table says, for each type, which jitops op runs it, how its inputs map
+to the op's inputs, which attributes it carries, and how those become the op's attributes. The
+rewrite writes nodes from it, the ONNX Runtime kernels read nodes with it, and the fallback
+function bodies implement the same attributes with standard ONNX ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+DOMAIN = "jitops"
+DOMAIN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One node attribute: ONNX kind ('int', 'ints', 'float', 'string') and default (None: required)."""
+
+    name: str
+    kind: str
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class OpType:
+    """A node type in domain `jitops` and how it maps onto a jitops op."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]                 # jitops input names, in node input order
+    optional: frozenset[str] = frozenset()  # inputs that may be absent
+    attrs: tuple[Attr, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)   # op attributes implied by the type
+    outputs: tuple[str, ...] = ("y",)
+
+    def attr(self, name: str) -> Attr:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        raise KeyError(f"jitops::{self.name} has no attribute '{name}'")
+
+    def with_defaults(self, node_attrs: Mapping[str, Any]) -> dict[str, Any]:
+        out = {a.name: a.default for a in self.attrs if a.default is not None}
+        out.update({k: v for k, v in node_attrs.items() if k in {a.name for a in self.attrs}})
+        return out
+
+    def op_attrs(self, node_attrs: Mapping[str, Any], input_shapes: Mapping[str, Sequence[int] | None]
+                 ) -> dict[str, Any]:
+        """The jitops op's attributes (as jitops.<op>() takes them) for a node of this type."""
+        a = self.with_defaults(node_attrs)
+        return _CONVERT[self.op](self, a, input_shapes)
+
+
+def _conv(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"stride": tuple(int(v) for v in a["strides"]), "padding": tuple(int(v) for v in a["pads"]),
+            "dilation": tuple(int(v) for v in a["dilations"]), "groups": int(a["group"]),
+            "activation": t.fixed.get("activation"), "alpha": float(a.get("alpha", 0.01))}
+
+
+def _batch_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"eps": float(a["epsilon"]), "activation": t.fixed.get("activation"),
+            "alpha": float(a.get("alpha", 0.01))}
+
+
+def _group_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"num_groups": int(a["num_groups"]), "eps": float(a["epsilon"])}
+
+
+def _trailing(a: Mapping[str, Any], shapes: Mapping[str, Any]) -> tuple[int, ...]:
+    x = tuple(shapes["x"])
+    axis = int(a["axis"])
+    axis = axis + len(x) if axis < 0 else axis
+    return x[axis:]
+
+
+def _layer_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
+
+
+def _rms_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
+
+
+def _leaky_relu(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"alpha": float(a["alpha"])}
+
+
+def _attention(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    scale = a.get("scale")
+    return {"causal": bool(int(a.get("is_causal", 0))), "scale": None if scale is None else float(scale)}
+
+
+_CONVERT = {"conv2d": _conv, "batch_norm": _batch_norm, "group_norm": _group_norm, "layer_norm": _layer_norm,
+            "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
+
+_CONV_ATTRS = (Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints"), Attr("group", "int", 1))
+_BN_INPUTS = ("x", "gamma", "beta", "mean", "var")   # ONNX order: X, scale, B, input_mean, input_var
+_ALPHA = Attr("alpha", "float", 0.01)
+
+
+def _variants(base: str, op: str, inputs: tuple[str, ...], optional: frozenset[str],
+              attrs: tuple[Attr, ...]) -> list[OpType]:
+    """The plain type and its fused-activation variants (epilogue relu / leaky_relu)."""
+    return [OpType(base, op, inputs, optional, attrs, {"activation": None}),
+            OpType(base + "Relu", op, inputs, optional, attrs, {"activation": "relu"}),
+            OpType(base + "LeakyRelu", op, inputs, optional, attrs + (_ALPHA,), {"activation": "leaky_relu"})]
+
+
+OP_TYPES: dict[str, OpType] = {t.name: t for t in [
+    *_variants("Conv2d", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS),
+    *_variants("BatchNorm", "batch_norm", _BN_INPUTS, frozenset(), (Attr("epsilon", "float", 1e-5),)),
+    OpType("GroupNorm", "group_norm", ("x", "gamma", "beta"), frozenset(),
+           (Attr("num_groups", "int"), Attr("epsilon", "float", 1e-5))),
+    OpType("LayerNorm", "layer_norm", ("x", "gamma", "beta"), frozenset({"beta"}),
+           (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5))),
+    OpType("RmsNorm", "rms_norm", ("x", "gamma"), frozenset(),
+           (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5))),
+    OpType("LeakyRelu", "leaky_relu", ("x",), frozenset(), (_ALPHA,)),
+    # Two attention types: a function body cannot skip an absent mask, so the masked one is its own type.
+    OpType("Attention", "attention", ("q", "k", "v"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), outputs=("out",)),
+    OpType("MaskedAttention", "attention", ("q", "k", "v", "mask"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), outputs=("out",)),
+]}
+
+
+def op_type(name: str) -> OpType:
+    try:
+        return OP_TYPES[name]
+    except KeyError:
+        raise KeyError(f"unknown jitops node type '{name}' (known: {', '.join(sorted(OP_TYPES))})") from None
