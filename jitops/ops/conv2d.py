@@ -1,0 +1,131 @@
+"""conv2d: NCHW input, OIHW weights, optional bias, fused relu / leaky_relu; fp32 and fp16
+(fp32 accumulation).
+
+The op is split over helper modules: conv2d_problem (validation), conv2d_plans (launches per
+algorithm), conv2d_schedules (tuning space and cost model), conv2d_winograd (transform matrices).
+This module is the op contract the engine sees (docs/adding_an_op.md).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..device import DeviceInfo
+from . import conv2d_schedules as schedules
+from .base import Plan, Schedule, TensorSpec
+from .conv2d_plans import ALGORITHMS, plan as _plan
+from .conv2d_problem import NAME, Conv2dProblem, make_problem, parse_problem
+
+INPUTS = ("x", "w", "bias")
+__all__ = ["NAME", "INPUTS", "ALGORITHMS", "Conv2dProblem", "make_problem", "parse_problem", "heuristic",
+           "candidates", "plan", "variants", "reference", "random_inputs", "tolerance", "applicable"]
+
+applicable = schedules.applicable
+
+
+def heuristic(problem: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
+    return schedules.heuristic(problem, device, algorithm)
+
+
+def candidates(problem: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    return schedules.candidates(problem, device)
+
+
+def plan(problem: Conv2dProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    return _plan(problem, schedule, device)
+
+
+def _problem(x: tuple[int, ...], w: tuple[int, ...], dtype: str = "float32", bias: bool = False,
+             **attrs: Any) -> Conv2dProblem:
+    b = TensorSpec((w[0],), dtype) if bias else None
+    return make_problem({"x": TensorSpec(x, dtype), "w": TensorSpec(w, dtype), "bias": b}, attrs)
+
+
+def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
+    """Problems and schedules reaching every branch of every template (compile checks)."""
+    S = schedules
+    out: list[tuple[Conv2dProblem, Schedule]] = []
+    for dtype in ("float32", "float16"):
+        general = _problem((2, 6, 9, 11), (8, 6, 3, 3), dtype, bias=True, padding=(1, 0, 2, 1), stride=2,
+                           activation="leaky_relu")
+        out.append((general, Schedule.make("naive", block=256)))
+        out.append((general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))))               # ci check
+        out.append((general, S.gemm_schedule("split_k", (64, 64, 8, 8, 8), 2)))
+        out.append((general, S.direct_schedule(4, 16, 2, 4, 4, splits=2)))
+        out.append((general, S.direct_schedule(8, 32, 1, 8, 8)))
+        resnet = _problem((1, 64, 56, 56), (128, 64, 3, 3), dtype, padding=1, activation="relu")
+        out.append((resnet, S.gemm_schedule("implicit_gemm", (128, 128, 8, 8, 8))))            # y_vec
+        out.append((resnet, S.gemm_schedule("implicit_gemm", (64, 128, 8, 8, 8))))
+        out.append((resnet, S.winograd_schedule("winograd_2x2", (64, 64, 8, 4, 4))))
+        out.append((resnet, S.winograd_schedule("winograd_4x4", (128, 128, 8, 8, 8))))
+        odd = _problem((1, 5, 7, 9), (3, 5, 3, 3), dtype, bias=True, padding=1)
+        out.append((odd, S.winograd_schedule("winograd_4x4", (32, 64, 8, 4, 4))))             # no y_vec
+        point = _problem((1, 64, 16, 16), (96, 64, 1, 1), dtype, bias=True)
+        out.append((point, S.gemm_schedule("gemm_1x1", (128, 64, 8, 8, 8))))                   # vec B
+        out.append((point, S.gemm_schedule("split_k", (32, 128, 8, 4, 8), 4)))
+        odd_point = _problem((2, 12, 5, 5), (20, 12, 1, 1), dtype)
+        out.append((odd_point, S.gemm_schedule("gemm_1x1", (16, 128, 8, 4, 4))))               # scalar B
+        depthwise = _problem((1, 16, 20, 20), (16, 1, 3, 3), dtype, bias=True, padding=2, groups=16, dilation=2,
+                             activation="relu")
+        out.append((depthwise, S.direct_schedule(8, 16, 1, 1, 1)))
+    return out
+
+
+def reference(problem: Conv2dProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float64 convolution by explicit im2col per group (independent of every kernel here)."""
+    p = problem
+    x = np.asarray(inputs["x"], dtype=np.float64)
+    w = np.asarray(inputs["w"], dtype=np.float64)
+    xp = np.pad(x, ((0, 0), (0, 0), (p.pad[0], p.pad[2]), (p.pad[1], p.pad[3])))
+    sh, sw = p.stride
+    dh, dw = p.dilation
+    y = np.zeros((p.n, p.cout, p.oh, p.ow))
+    for g in range(p.groups):
+        xg = xp[:, g * p.cin_g:(g + 1) * p.cin_g]
+        wg = w[g * p.cout_g:(g + 1) * p.cout_g]
+        for r in range(p.kh):
+            for s in range(p.kw):
+                patch = xg[:, :, r * dh:r * dh + sh * (p.oh - 1) + 1:sh, s * dw:s * dw + sw * (p.ow - 1) + 1:sw]
+                y[:, g * p.cout_g:(g + 1) * p.cout_g] += np.einsum("nchw,oc->nohw", patch, wg[:, :, r, s])
+    if p.has_bias:
+        y += np.asarray(inputs["bias"], dtype=np.float64)[None, :, None, None]
+    if p.activation == "relu":
+        y = np.maximum(y, 0.0)
+    elif p.activation == "leaky_relu":
+        y = np.where(y < 0, p.alpha * y, y)
+    return {"y": y}
+
+
+def random_inputs(problem: Conv2dProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Unit-normal input; weights scaled by 1/sqrt(fan-in) so outputs stay O(1) at every size."""
+    p = problem
+    fan_in = p.cin_g * p.kh * p.kw
+    out = {"x": rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(p.dtype),
+           "w": (rng.standard_normal((p.cout, p.cin_g, p.kh, p.kw)) / np.sqrt(fan_in)).astype(p.dtype)}
+    if p.has_bias:
+        out["bias"] = rng.standard_normal(p.cout).astype(p.dtype)
+    return out
+
+
+def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]:
+    """(rtol, atol) against the float64 reference, relative to the largest |reference| value.
+
+    fp32: K-term fp32 sums of unit-scale products err by about sqrt(K) * 2^-24 relative; 1e-5
+    covers K up to ~20000 with margin. Winograd F(2x2) rounds the transforms too (entries <= 1):
+    3e-5; F(4x4)'s entries up to 8 (A^T) and 5 (B^T) amplify rounding about 10x: 2e-4
+    (docs/conv2d.md). fp16: inputs are already fp16, accumulation is fp32, the output is rounded
+    once to fp16 (2^-11 relative): 2e-3, plus Winograd's amplification for F(4x4).
+    """
+    alg = schedule.algorithm
+    if problem.dtype == "float16":
+        return (4e-3, 0.0) if alg == "winograd_4x4" else (2e-3, 0.0)
+    if alg == "winograd_4x4":
+        return (2e-4, 0.0)
+    if alg == "winograd_2x2":
+        return (3e-5, 0.0)
+    return (1e-5, 0.0)
+
+
+def flops(problem: Conv2dProblem) -> int:
+    return problem.flops
