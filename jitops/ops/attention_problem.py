@@ -1,0 +1,245 @@
+"""attention: the problem (validated shapes and attributes), the float64 reference, test data.
+
+Layouts: q [B, Sq, D] (seed 000) or [B, H, Sq, D]; k and v [B, Sk, D] or [B, Hk, Sk, D] with Hk
+dividing H (grouped-query attention: query head h reads kv head h // (H // Hk)); output like q.
+The mask is additive (float32 or q's dtype; -inf hides a key) and broadcasts, numpy style, to
+[B, H, Sq, Sk] ([B, Sq, Sk] for 3-D q).
+
+causal: False, True / "top_left" (key j visible to query i when j <= i, as torch's
+scaled_dot_product_attention(is_causal=True) does, also when Sq != Sk), or "bottom_right" (j <= i +
+Sk - Sq: the last query sees every key, the convention of KV-cache decoding). A query that sees
+no key at all (fully masked, or above the diagonal) gets an output row of zeros.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ArgumentError
+from .base import ITEMSIZE, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
+
+NAME = "attention"
+INPUTS = ("q", "k", "v", "mask")
+MAX_HEAD_DIM = 256
+CAUSAL_MODES = ("none", "top_left", "bottom_right")
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    batch: int
+    heads: int
+    kv_heads: int
+    sq: int
+    sk: int
+    d: int
+    dtype: str
+    rank: int                      # 3: [B, S, D] (H = 1), 4: [B, H, S, D]
+    causal: str                    # one of CAUSAL_MODES
+    scale: float
+    mask_shape: tuple[int, ...] | None = None
+    mask_dtype: str | None = None
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask_shape is not None
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def causal_offset(self) -> int:
+        """Key j is visible to query i when j <= i + causal_offset."""
+        return self.sk - self.sq if self.causal == "bottom_right" else 0
+
+    def q_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.sq, self.d) if self.rank == 3 else (self.batch, self.heads, self.sq, self.d)
+
+    def kv_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.sk, self.d) if self.rank == 3 else (self.batch, self.kv_heads, self.sk, self.d)
+
+    def inputs(self) -> dict[str, TensorSpec]:
+        specs = {"q": TensorSpec(self.q_shape(), self.dtype), "k": TensorSpec(self.kv_shape(), self.dtype),
+                 "v": TensorSpec(self.kv_shape(), self.dtype)}
+        if self.mask_shape is not None:
+            specs["mask"] = TensorSpec(self.mask_shape, self.mask_dtype or self.dtype)
+        return specs
+
+    def outputs(self) -> dict[str, TensorSpec]:
+        return {"out": TensorSpec(self.q_shape(), self.dtype)}
+
+    def key(self) -> str:
+        return problem_key(NAME, self.inputs(), {"causal": self.causal, "scale": self.scale})
+
+    def mask_strides(self) -> tuple[int, int, int, int]:
+        """Element strides of the mask along (b, h, i, j); 0 where it broadcasts."""
+        if self.mask_shape is None:
+            return (0, 0, 0, 0)
+        full = (self.batch, self.heads, self.sq, self.sk) if self.rank == 4 else (self.batch, self.sq, self.sk)
+        shape = (1,) * (len(full) - len(self.mask_shape)) + tuple(self.mask_shape)
+        strides, acc = [0] * len(shape), 1
+        for ax in range(len(shape) - 1, -1, -1):
+            strides[ax] = acc if shape[ax] != 1 else 0
+            acc *= shape[ax]
+        if self.rank == 3:
+            strides.insert(1, 0)
+        return tuple(strides)  # type: ignore[return-value]
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs that take part, per (b, h): Sq * Sk unless causal."""
+        if self.causal == "none":
+            return self.sq * self.sk
+        off = self.causal_offset
+        return int(sum(min(self.sk, max(0, i + off + 1)) for i in range(self.sq)))
+
+    def flops(self) -> int:
+        """2 * D multiply-adds for Q K^T and as many for P V, per visible pair."""
+        return 4 * self.batch * self.heads * self.visible_pairs() * self.d
+
+    def bytes_moved(self) -> int:
+        n = sum(s.nbytes for s in self.inputs().values()) + self.outputs()["out"].nbytes
+        return int(n)
+
+
+def _causal_mode(value: Any) -> str:
+    if value is None or value is False:
+        return "none"
+    if value is True:
+        return "top_left"
+    if isinstance(value, (bool, np.bool_)):
+        return "top_left" if bool(value) else "none"
+    if isinstance(value, str) and value in CAUSAL_MODES:
+        return value
+    raise ArgumentError("causal", "False, True, 'top_left' or 'bottom_right'", repr(value), op=NAME)
+
+
+def _scale(value: Any, d: int) -> float:
+    if value is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ArgumentError("scale", "a real number or None (1/sqrt(D))", repr(value), op=NAME)
+    if not math.isfinite(float(value)):
+        raise ArgumentError("scale", "a finite number", value, op=NAME)
+    return float(value)
+
+
+def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> AttentionProblem:
+    q, k, v, mask = (inputs.get(n) for n in INPUTS)
+    for name, spec in (("q", q), ("k", k), ("v", v)):
+        if spec is None:
+            raise ArgumentError(name, "a tensor", None, op=NAME)
+    assert q is not None and k is not None and v is not None
+    require_dtype(NAME, "q", q)
+    require_same_dtype(NAME, "k", k, q, "q")
+    require_same_dtype(NAME, "v", v, q, "q")
+    if len(q.shape) not in (3, 4):
+        raise ArgumentError("q", "shape [B, Sq, D] or [B, H, Sq, D]", f"shape {q.shape}", op=NAME)
+    rank = len(q.shape)
+    layout = "[B, Sk, D]" if rank == 3 else "[B, Hk, Sk, D]"
+    if len(k.shape) != rank:
+        raise ArgumentError("k", f"shape {layout} (rank {rank}, like q)", f"shape {k.shape}", op=NAME)
+    if rank == 3:
+        (b, sq, d), (kb, sk, kd), hq, hk = q.shape, k.shape, 1, 1
+    else:
+        (b, hq, sq, d), (kb, hk, sk, kd) = q.shape, k.shape
+    if kb != b or kd != d:
+        raise ArgumentError("k", f"shape {layout} with B = {b} and D = {d} (from q)", f"shape {k.shape}", op=NAME)
+    if rank == 4 and (hk < 1 or hq % hk):
+        raise ArgumentError("k", f"a number of heads dividing q's {hq} (grouped-query attention)",
+                            f"{hk} heads (shape {k.shape})", op=NAME)
+    if tuple(v.shape) != tuple(k.shape):
+        raise ArgumentError("v", f"the shape of k {tuple(k.shape)} (value head dim = D)", f"shape {v.shape}", op=NAME)
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError("q", f"a head dim D in 1..{MAX_HEAD_DIM} (fused kernels: D a multiple of 16 up to 128 "
+                            "on matrix cores, 32/64/96/128 on the SIMT cores; other D run three_stage)",
+                            f"D = {d}", op=NAME)
+    mask_shape = mask_dtype = None
+    if mask is not None:
+        require_dtype(NAME, "mask", mask, ("float32", q.dtype))
+        full = (b, hq, sq, sk) if rank == 4 else (b, sq, sk)
+        target = "[B, H, Sq, Sk]" if rank == 4 else "[B, Sq, Sk]"
+        shape = tuple(mask.shape)
+        ok = len(shape) <= len(full) and all(m in (1, f) for m, f in zip(reversed(shape), reversed(full)))
+        if not ok:
+            raise ArgumentError("mask", f"a shape that broadcasts to {target} = {full}", f"shape {shape}", op=NAME)
+        mask_shape, mask_dtype = shape, mask.dtype
+    return AttentionProblem(int(b), int(hq), int(hk), int(sq), int(sk), int(d), q.dtype, rank,
+                            _causal_mode(attrs.get("causal", False)), _scale(attrs.get("scale"), int(d)),
+                            mask_shape, mask_dtype)
+
+
+def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
+    """`jitops compile attention q=8x16x2048x64 [k=...] [mask=2048x2048] dtype=float16 causal=true`."""
+    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale"}
+    extra = set(spec) - allowed
+    if extra:
+        raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(allowed))}", op=NAME)
+    dtype = spec.get("dtype", "float32")
+    q = parse_shape(spec.get("q", "256x128x64"))
+    k = parse_shape(spec.get("k", "x".join(map(str, q))))
+    v = parse_shape(spec.get("v", "x".join(map(str, k))))
+    inputs = {"q": TensorSpec(q, dtype), "k": TensorSpec(k, dtype), "v": TensorSpec(v, dtype), "mask": None}
+    if "mask" in spec:
+        inputs["mask"] = TensorSpec(parse_shape(spec["mask"]), spec.get("mask_dtype", dtype))
+    causal: Any = spec.get("causal", "false")
+    causal = {"true": True, "false": False}.get(str(causal).lower(), causal)
+    scale = float(spec["scale"]) if "scale" in spec else None
+    return make_problem(inputs, {"causal": causal, "scale": scale})
+
+
+# ---- float64 reference, data, tolerances ----
+
+def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """softmax(scale q k^T + mask) v in float64, with the causal rule and zeros for unseen rows."""
+    p = problem
+    q, k, v = (np.asarray(inputs[n], dtype=np.float64) for n in ("q", "k", "v"))
+    if p.rank == 3:
+        q, k, v = q[:, None], k[:, None], v[:, None]
+    k = np.repeat(k, p.group, axis=1)
+    v = np.repeat(v, p.group, axis=1)
+    s = p.scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if p.has_mask:
+        m = np.asarray(inputs["mask"], dtype=np.float64)
+        if p.rank == 3:
+            m = m.reshape((1,) * (3 - m.ndim) + m.shape)[:, None]
+        s = s + m
+    if p.causal != "none":
+        i = np.arange(p.sq)[:, None]
+        j = np.arange(p.sk)[None, :]
+        s = np.where(j <= i + p.causal_offset, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        mx = s.max(axis=-1, keepdims=True, initial=-np.inf)
+        mx = np.where(np.isfinite(mx), mx, 0.0)
+        e = np.exp(s - mx)
+        total = e.sum(axis=-1, keepdims=True)
+        out = np.einsum("bhij,bhjd->bhid", e, v) / np.where(total > 0, total, 1.0)
+    out = np.where(total > 0, out, 0.0)
+    return {"out": out[:, 0] if p.rank == 3 else out}
+
+
+def random_inputs(problem: AttentionProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    p = problem
+    data = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in p.inputs().items() if n != "mask"}
+    if p.has_mask:
+        data["mask"] = rng.standard_normal(p.mask_shape).astype(p.mask_dtype)
+    return data
+
+
+def tolerance(problem: AttentionProblem, schedule: Any) -> tuple[float, float]:
+    """Accepted error, relative to max |reference|, on inputs of order 1 (random_inputs).
+
+    fp32: fp32 dot products of D terms, exp2 on the SFU (about 2 ulp) and sums over Sk keys:
+    a few 1e-6. fp16: the output is rounded to fp16 (half an ulp: 2^-11 of the largest value),
+    and on the matrix cores P is rounded to fp16 before P V (2^-11 relative per term, averaged).
+    """
+    if problem.dtype == "float32":
+        return (2e-5, 2e-5)
+    return (2e-3, 2e-3)
+
+
+def itemsize(dtype: str) -> int:
+    return ITEMSIZE[dtype]

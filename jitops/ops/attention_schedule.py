@@ -1,0 +1,372 @@
+"""attention schedules: the scheduler, the tuning space and the kernel launches of each algorithm.
+
+Algorithms:
+- fused_mma: flash-style single pass on the matrix cores (fp16, D a multiple of 16 up to 128).
+- fused: the same single pass on the SIMT cores (fp32 math; fp32 or fp16; D in 32, 64, 96, 128).
+- three_stage: scores = scale Q K^T (our GEMM), row softmax (warp per row), out = P V (GEMM);
+  the seed's hybrid without BLAS. Any D up to 256; needs a B*H*Sq*Sk fp32 workspace.
+- naive: one thread per output element (the seed's baseline).
+"""
+from __future__ import annotations
+
+import logging
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .attention_problem import AttentionProblem, make_problem
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
+
+log = logging.getLogger("jitops.ops.attention")
+
+ALGORITHMS = ("fused_mma", "fused", "three_stage", "naive")
+MMA_HEAD_DIMS = tuple(range(16, 129, 16))
+SIMT_HEAD_DIMS = (32, 64, 96, 128)
+LOG2E = 1.4426950408889634
+TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2",
+             "fused_mma": "attention/fused_mma.hip.j2", "gemm": "attention/gemm.hip.j2",
+             "softmax": "attention/softmax.hip.j2"}
+
+
+# ---------------------------------------------------------------- shared-memory sizes
+
+def mma_shared_bytes(d: int, block_q: int, block_k: int) -> int:
+    """Q tile plus double-buffered K and V tiles, fp16 rows padded by 8 halves."""
+    return 2 * (d + 8) * (block_q + 4 * block_k)
+
+
+def simt_shared_bytes(d: int, block_q: int, block_k: int) -> int:
+    """Qt [D][BQ+4], Kt [D][BK+4], V [BK][D+4], Pt [BK][BQ+4], fp32."""
+    return 4 * (d * (block_q + 4) + d * (block_k + 4) + block_k * (d + 4) + block_k * (block_q + 4))
+
+
+def gemm_shared_bytes(bm: int, bn: int, bk: int) -> int:
+    return 4 * bk * (bm + 4 + bn + 4)
+
+
+def _tile_cost(device: DeviceInfo, blocks: int, rows_per_block: int) -> float:
+    """Work of the busiest multiprocessor when blocks spread evenly, in query rows, each row
+    charged extra for its share of the K/V tile loads and softmax bookkeeping of its block (32
+    rows' worth per block: a guess, checked on an H100). Big tiles: fewer loads per row; small
+    tiles: a fuller last wave on small problems."""
+    return ceil_div(blocks, device.multiprocessors) * (rows_per_block + 32)
+
+
+# ---------------------------------------------------------------- schedules per algorithm
+
+def _mma_schedule(p: AttentionProblem, device: DeviceInfo, why: str = "") -> Schedule:
+    if p.d <= 64:
+        options = [2, 1]
+    else:
+        options = [1]
+    warps = 4
+    best = None
+    for row_groups in options:
+        block_q = 16 * row_groups * warps
+        for block_k in (64, 32, 16):
+            smem = mma_shared_bytes(p.d, block_q, block_k)
+            if smem <= device.shared_per_block_optin:
+                break
+        else:
+            continue
+        blocks = p.batch * p.heads * ceil_div(max(p.sq, 1), block_q)
+        cost = _tile_cost(device, blocks, block_q)
+        if best is None or cost < best[0]:
+            best = (cost, row_groups, block_k, blocks, smem)
+    if best is None:
+        raise ScheduleError(f"attention fused_mma: no tile of D={p.d} fits {device.shared_per_block_optin} bytes "
+                            f"of shared memory on {device.name}")
+    _, row_groups, block_k, blocks, smem = best
+    why = why or (f"fp16 on matrix cores: {warps} warps x {row_groups} x 16 query rows per block, K/V tiles of "
+                  f"{block_k} keys double-buffered ({smem // 1024} KiB shared), {blocks} blocks")
+    return Schedule.make("fused_mma", why=why, warps=warps, row_groups=row_groups, block_k=block_k)
+
+
+def _simt_tiles(p: AttentionProblem, device: DeviceInfo) -> list[tuple[int, int, int, int]]:
+    """(block_q, block_k, rows_per_thread, cols_per_thread) that fit the device, biggest first."""
+    out = []
+    for tm, tn in (((8, 8), (4, 8), (4, 4)) if p.d <= 64 else ((4, 8), (4, 4))):
+        for block_q in (128, 64, 32):
+            for block_k in (64, 32):
+                threads = (block_q // tm) * (block_k // tn)
+                if (threads % device.warp_size == 0 and threads <= device.max_threads_per_block
+                        and p.d % (block_k // tn) == 0 and (p.d // (block_k // tn)) % 4 == 0
+                        and simt_shared_bytes(p.d, block_q, block_k) <= device.shared_per_block_optin):
+                    out.append((block_q, block_k, tm, tn))
+    return out
+
+
+def _simt_schedule(p: AttentionProblem, device: DeviceInfo, why: str = "") -> Schedule:
+    best = None
+    for block_q, block_k, tm, tn in _simt_tiles(p, device):
+        blocks = p.batch * p.heads * ceil_div(max(p.sq, 1), block_q)
+        cost = _tile_cost(device, blocks, block_q)
+        if best is None or cost < best[0]:
+            best = (cost, block_q, block_k, tm, tn, blocks)
+    if best is None:
+        raise ScheduleError(f"attention fused: no tile of D={p.d} fits {device.shared_per_block_optin} bytes of "
+                            f"shared memory on {device.name}")
+    _, block_q, block_k, tm, tn, blocks = best
+    smem = simt_shared_bytes(p.d, block_q, block_k)
+    why = why or (f"SIMT single pass: {block_q} query rows per block, K/V tiles of {block_k} keys, "
+                  f"{tm}x{tn} scores per thread ({smem // 1024} KiB shared), {blocks} blocks")
+    return Schedule.make("fused", why=why, block_q=block_q, block_k=block_k, rows_per_thread=tm,
+                         cols_per_thread=tn)
+
+
+def _gemm_tile(m: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BM, BN, BK, TM, TN): 128x128 tiles of 8x8 per thread for big products, 64x64 of 4x4 else."""
+    if m >= 128 and n >= 128:
+        return (128, 128, 8, 8, 8)
+    if n <= 32:
+        return (64, 32, 16, 4, 4)
+    return (64, 64, 16, 4, 4)
+
+
+def _three_stage_schedule(p: AttentionProblem, device: DeviceInfo, why: str = "") -> Schedule:
+    qk = _gemm_tile(p.sq, p.sk)
+    pv = _gemm_tile(p.sq, p.d)
+    cols = ceil_div(max(p.sk, 1), device.warp_size)
+    cols_per_lane = cols if cols <= 16 else 0
+    why = why or (f"GEMM {qk[0]}x{qk[1]} -> warp-per-row softmax "
+                  f"({'registers' if cols_per_lane else 'two passes'}) -> GEMM {pv[0]}x{pv[1]}; "
+                  f"{4 * p.batch * p.heads * p.sq * p.sk // 2**20} MiB of scores")
+    return Schedule.make("three_stage", why=why, qk_tile=qk, pv_tile=pv, softmax_warps=4,
+                         cols_per_lane=cols_per_lane)
+
+
+def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
+    """fp16 + matrix cores + D multiple of 16 (<= 128): fused_mma; else D in 32/64/96/128: fused;
+    else three_stage. naive only when asked for."""
+    p = problem
+    if algorithm is None:
+        if p.dtype == "float16" and device.matrix_cores and p.d in MMA_HEAD_DIMS:
+            return _mma_schedule(p, device)
+        if p.d in SIMT_HEAD_DIMS:
+            return _simt_schedule(p, device)
+        return _three_stage_schedule(p, device, why=f"D={p.d} has no fused kernel (fused: {SIMT_HEAD_DIMS}; "
+                                                    f"fused_mma: multiples of 16 up to 128)")
+    _check_applicable(p, device, algorithm)
+    if algorithm == "fused_mma":
+        return _mma_schedule(p, device)
+    if algorithm == "fused":
+        return _simt_schedule(p, device)
+    if algorithm == "three_stage":
+        return _three_stage_schedule(p, device)
+    return Schedule.make("naive", why="one thread per output element (baseline)", block=128)
+
+
+def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ScheduleError(f"attention has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+    if algorithm == "fused_mma":
+        if not device.matrix_cores:
+            raise ScheduleError(f"attention fused_mma needs matrix cores (mma.sync on sm_80+, MFMA on CDNA); "
+                                f"{device.name} has none: use 'fused', 'three_stage' or 'naive'")
+        if p.dtype != "float16":
+            raise ScheduleError(f"attention fused_mma takes float16 inputs, got {p.dtype}: use 'fused'")
+        if p.d not in MMA_HEAD_DIMS:
+            raise ScheduleError(f"attention fused_mma supports head dims {MMA_HEAD_DIMS}, got D={p.d}")
+    if algorithm == "fused" and p.d not in SIMT_HEAD_DIMS:
+        raise ScheduleError(f"attention fused supports head dims {SIMT_HEAD_DIMS}, got D={p.d}: use 'three_stage'")
+
+
+def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
+    """Every applicable algorithm with its heuristic tiles, plus tile variants of the fused kernels."""
+    p = problem
+    out: list[Schedule] = []
+    for algorithm in ALGORITHMS:
+        try:
+            out.append(heuristic(p, device, algorithm))
+        except ScheduleError:
+            continue
+    if p.dtype == "float16" and device.matrix_cores and p.d in MMA_HEAD_DIMS:
+        for row_groups in ((1, 2) if p.d <= 64 else (1,)):
+            for block_k in (32, 64):
+                if mma_shared_bytes(p.d, 64 * row_groups, block_k) <= device.shared_per_block_optin:
+                    out.append(Schedule.make("fused_mma", warps=4, row_groups=row_groups, block_k=block_k))
+    if p.d in SIMT_HEAD_DIMS:
+        for block_q, block_k, tm, tn in _simt_tiles(p, device):
+            out.append(Schedule.make("fused", block_q=block_q, block_k=block_k, rows_per_thread=tm,
+                                     cols_per_thread=tn))
+    unique: dict[Schedule, None] = {}
+    for s in out:
+        unique.setdefault(s, None)
+    return list(unique)
+
+
+# ---------------------------------------------------------------- plans
+
+def _index(p: AttentionProblem, schedule: Schedule, *extents: int) -> str:
+    if schedule.get("index") == "int64":
+        return "jt_int64"
+    sizes = [s.numel for s in p.inputs().values()] + [p.outputs()["out"].numel, *extents]
+    return index_type(max(sizes) + 1024)
+
+
+def _mask_args(p: AttentionProblem, idx: str) -> tuple[Buf | Scalar, ...]:
+    if not p.has_mask:
+        return ()
+    kind = "i32" if idx == "int" else "i64"
+    return (Buf("mask"), *(Scalar(kind, s) for s in p.mask_strides()))
+
+
+def _common_params(p: AttentionProblem, idx: str) -> dict:
+    return {"ctype": C_TYPE[p.dtype], "index_type": idx, "has_mask": p.has_mask,
+            "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none"}
+
+
+def _check_grid(blocks: int, what: str) -> None:
+    if blocks > INT32_MAX:
+        raise ScheduleError(f"attention {what}: {blocks} blocks exceed the grid limit")
+
+
+def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    p = problem
+    if p.batch * p.heads * p.sq == 0:
+        return Plan(launches=())
+    algorithm = schedule.algorithm
+    _check_applicable(p, device, algorithm)
+    scale_log2 = p.scale * LOG2E
+    bh = p.batch * p.heads
+    tail = (Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", p.sq), Scalar("i32", p.sk))
+    if algorithm in ("fused", "fused_mma"):
+        return _plan_fused(p, schedule, device, scale_log2, tail)
+    if algorithm == "three_stage":
+        return _plan_three_stage(p, schedule, device, tail)
+    block = int(schedule["block"])
+    if block % device.warp_size or block > device.max_threads_per_block:
+        raise ScheduleError(f"attention naive: block of {block} threads does not fit {device.name}")
+    per_head = ceil_div(p.sq * p.d, block)
+    _check_grid(bh * per_head, "naive")
+    idx = _index(p, schedule)
+    params = {**_common_params(p, idx), "block": block}
+    args = (Buf("q"), Buf("k"), Buf("v"), *_mask_args(p, idx), Buf("out"), *tail, Scalar("i32", p.d),
+            Scalar("i32", per_head), Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    return Plan(launches=(Launch.make(TEMPLATES["naive"], "attention_naive", params, (bh * per_head,), (block,), args),))
+
+
+def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, scale_log2: float,
+                tail: tuple) -> Plan:
+    idx = _index(p, schedule)
+    params = _common_params(p, idx)
+    params["head_dim"] = p.d
+    if schedule.algorithm == "fused_mma":
+        warps, row_groups, block_k = (int(schedule[n]) for n in ("warps", "row_groups", "block_k"))
+        block_q = 16 * row_groups * warps
+        threads = warps * device.warp_size
+        smem = mma_shared_bytes(p.d, block_q, block_k)
+        if block_k % 16 or block_k <= 0 or warps <= 0 or row_groups <= 0:
+            raise ScheduleError(f"attention fused_mma: block_k must be a multiple of 16, got {block_k}")
+        params.update(warps=warps, row_groups=row_groups, block_k=block_k, threads=threads)
+        kernel = "attention_fused_mma"
+    else:
+        block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
+                                                               "cols_per_thread"))
+        tc = block_k // tn if tn else 0
+        if (tm % 4 or tn <= 0 or block_q % tm or block_k % tn or tc & (tc - 1) or tc > device.warp_size
+                or p.d % tc or (p.d // tc) % 4):
+            raise ScheduleError(f"attention fused: tile {block_q}x{block_k} with {tm}x{tn} per thread does not "
+                                f"divide D={p.d} into float4 columns")
+        threads = (block_q // tm) * tc
+        if threads % device.warp_size:
+            raise ScheduleError(f"attention fused: {threads} threads is not a whole number of warps "
+                                f"({device.warp_size} lanes)")
+        smem = simt_shared_bytes(p.d, block_q, block_k)
+        params.update(block_q=block_q, block_k=block_k, rows_per_thread=tm, cols_per_thread=tn)
+        kernel = "attention_fused"
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"attention {schedule.algorithm}: {threads} threads per block exceed {device.name}'s limit")
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"attention {schedule.algorithm}: {smem} bytes of shared memory exceed "
+                            f"{device.shared_per_block_optin} on {device.name}")
+    q_tiles = ceil_div(p.sq, block_q)
+    blocks = p.batch * p.heads * q_tiles
+    _check_grid(blocks, schedule.algorithm)
+    args = (Buf("q"), Buf("k"), Buf("v"), *_mask_args(p, idx), Buf("out"), *tail, Scalar("i32", q_tiles),
+            Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    launch = Launch.make(TEMPLATES[schedule.algorithm], kernel, params, (blocks,), (threads,), args, smem)
+    return Plan(launches=(launch,))
+
+
+def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, tail: tuple) -> Plan:
+    bh = p.batch * p.heads
+    scores = bh * p.sq * p.sk
+    idx = _index(p, schedule, scores)
+    ikind = "i32" if idx == "int" else "i64"
+    launches = []
+    if p.sk == 0:   # no keys: softmax of nothing; the PV product of an empty sum writes zeros
+        scores = 0
+    gemm_common = {"index_type": idx, "c_type": "float"}
+    qk = tuple(int(x) for x in schedule["qk_tile"])
+    pv = tuple(int(x) for x in schedule["pv_tile"])
+    for name, (bm, bn, bk, tm, tn) in (("qk_tile", qk), ("pv_tile", pv)):
+        threads = (bm // tm) * (bn // tn)
+        if bm % tm or bn % tn or tm % 4 or tn % 4 or threads % device.warp_size or threads > device.max_threads_per_block:
+            raise ScheduleError(f"attention three_stage: {name} {bm}x{bn} with {tm}x{tn} per thread does not fit "
+                                f"{device.name}")
+    if scores:
+        bm, bn, bk, tm, tn = qk
+        tiles_m, tiles_n = ceil_div(p.sq, bm), ceil_div(p.sk, bn)
+        _check_grid(bh * tiles_m * tiles_n, "three_stage")
+        params = {**gemm_common, "a_type": C_TYPE[p.dtype], "b_type": C_TYPE[p.dtype], "b_layout": "nt",
+                  "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
+        args = (Buf("q"), Buf("k"), Buf("scores"), Scalar("i32", p.sq), Scalar("i32", p.sk), Scalar("i32", p.d),
+                Scalar(ikind, p.sq * p.d), Scalar(ikind, p.sk * p.d), Scalar(ikind, p.sq * p.sk),
+                Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", tiles_m), Scalar("i32", tiles_n),
+                Scalar("f32", p.scale))
+        launches.append(Launch.make(TEMPLATES["gemm"], "attention_scores", params, (bh * tiles_m * tiles_n,),
+                                    ((bm // tm) * (bn // tn),), args, gemm_shared_bytes(bm, bn, bk)))
+        warps = int(schedule["softmax_warps"])
+        cols_per_lane = int(schedule["cols_per_lane"])
+        if cols_per_lane and cols_per_lane * device.warp_size < p.sk:
+            raise ScheduleError(f"attention three_stage: {cols_per_lane} columns per lane do not cover Sk={p.sk}")
+        rows = bh * p.sq
+        params = {"index_type": idx, "has_mask": p.has_mask, "causal": p.causal != "none",
+                  "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "warps": warps, "cols_per_lane": cols_per_lane}
+        args = (Buf("scores"), *_mask_args(p, idx), Scalar(ikind, rows), Scalar("i32", p.heads), Scalar("i32", p.sq),
+                Scalar("i32", p.sk), Scalar("i32", p.causal_offset))
+        launches.append(Launch.make(TEMPLATES["softmax"], "attention_softmax", params, (ceil_div(rows, warps),),
+                                    (warps * device.warp_size,), args))
+    bm, bn, bk, tm, tn = pv
+    tiles_m, tiles_n = ceil_div(p.sq, bm), ceil_div(p.d, bn)
+    _check_grid(bh * tiles_m * tiles_n, "three_stage")
+    params = {**gemm_common, "a_type": "float", "b_type": C_TYPE[p.dtype], "c_type": C_TYPE[p.dtype],
+              "b_layout": "nn", "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
+    args = (Buf("scores"), Buf("v"), Buf("out"), Scalar("i32", p.sq), Scalar("i32", p.d), Scalar("i32", p.sk),
+            Scalar(ikind, p.sq * p.sk), Scalar(ikind, p.sk * p.d), Scalar(ikind, p.sq * p.d),
+            Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", tiles_m), Scalar("i32", tiles_n),
+            Scalar("f32", 1.0))
+    launches.append(Launch.make(TEMPLATES["gemm"], "attention_pv", params, (bh * tiles_m * tiles_n,),
+                                ((bm // tm) * (bn // tn),), args, gemm_shared_bytes(bm, bn, bk)))
+    return Plan(launches=tuple(launches), workspaces=(Workspace("scores", max(4 * scores, 4)),))
+
+
+# ---------------------------------------------------------------- compile coverage
+
+def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
+    """Problems and schedules reaching every template branch (mask/no mask, causal, dtypes, D)."""
+
+    def problem(dtype: str, d: int, mask: bool = False, causal: bool = False, sq: int = 197, sk: int = 77):
+        specs = {"q": TensorSpec((2, 4, sq, d), dtype), "k": TensorSpec((2, 2, sk, d), dtype),
+                 "v": TensorSpec((2, 2, sk, d), dtype),
+                 "mask": TensorSpec((sq, sk), "float32") if mask else None}
+        return make_problem(specs, {"causal": causal})
+
+    out = []
+    for dtype in ("float32", "float16"):
+        plain, masked = problem(dtype, 64), problem(dtype, 64, mask=True, causal=True)
+        out.append((plain, heuristic(plain, device, "naive")))
+        out.append((masked, heuristic(masked, device, "naive")))
+        out.append((plain, heuristic(plain, device, "three_stage")))
+        long_rows = problem(dtype, 40, mask=True, causal=True, sk=1000)     # softmax in two passes
+        out.append((long_rows, heuristic(long_rows, device, "three_stage")))
+        for d in (32, 64, 128):
+            out.append((problem(dtype, d), heuristic(problem(dtype, d), device, "fused")))
+        out.append((masked, heuristic(masked, device, "fused")))
+    if device.matrix_cores:
+        for d in (32, 64, 128):
+            pr = problem("float16", d)
+            out.append((pr, heuristic(pr, device, "fused_mma")))
+        pr = problem("float16", 64, mask=True, causal=True)
+        out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=2, block_k=64)))
+    return out

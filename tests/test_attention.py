@@ -1,0 +1,288 @@
+"""attention numerics on the emulator (warp 32 and 64) against a float64 reference.
+
+Tolerances are relative to max |reference| (inputs of order 1):
+- fp32: fp32 dot products and sums, exp2 on the SFU (a few ulp): 2e-5.
+- fp16: inputs are exact in the reference; the output is rounded to fp16 (2^-11 of the largest value)
+  and the matrix-core kernel also rounds P to fp16 before P V: 2e-3.
+The matrix-core kernel runs on the emulator with its fragments done in software (warp 32: NVIDIA's
+mma.sync layouts, warp 64: AMD's MFMA layouts); the public emulator device has no matrix cores
+and refuses that schedule.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops.errors import ArgumentError, ScheduleError
+from jitops.ops import get_op
+from jitops.ops.base import Schedule, TensorSpec
+from jitops.runtime import use_backend
+from jitops.runtime.cpu_backend import CpuBackend
+
+from conftest import rel_error
+
+op = get_op("attention")
+TOL = {"float32": 2e-5, "float16": 2e-3}
+SIMT = ("fused", "three_stage", "naive")
+
+
+@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
+def mma_emu(request):
+    """The emulator in checked mode with matrix-core fragments emulated in software (tests only)."""
+    backend = CpuBackend(warp_size=request.param, checked=True)
+    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+    with use_backend(backend):
+        yield backend
+
+
+def make(rng, q_shape, kv_shape, dtype="float32", mask_shape=None, mask_dtype="float32"):
+    data = {"q": rng.standard_normal(q_shape).astype(dtype), "k": rng.standard_normal(kv_shape).astype(dtype),
+            "v": rng.standard_normal(kv_shape).astype(dtype), "mask": None}
+    if mask_shape is not None:
+        data["mask"] = rng.standard_normal(mask_shape).astype(mask_dtype)
+    return data
+
+
+def expected(data, causal=False, scale=None):
+    specs = {n: (TensorSpec(a.shape, a.dtype.name) if a is not None else None) for n, a in data.items()}
+    problem = op.make_problem(specs, {"causal": causal, "scale": scale})
+    return op.reference(problem, data)["out"]
+
+
+def run_checked(data, schedule, causal=False, scale=None, tol=None):
+    """Run into a NaN-poisoned output; every element must be written and match float64."""
+    out = np.full(data["q"].shape, np.nan, dtype=data["q"].dtype)
+    got = jitops.attention(data["q"], data["k"], data["v"], data["mask"], causal=causal, scale=scale, out=out,
+                           schedule=schedule)
+    assert got is out
+    assert not np.isnan(out).any(), "output elements left unwritten (or NaN produced)"
+    ref = expected(data, causal, scale)
+    err = rel_error(out, ref)
+    assert err <= (tol or TOL[out.dtype.name]), f"{schedule}: error {err:.3g}"
+    return out
+
+
+# ---------------------------------------------------------------- numerics per algorithm
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("algorithm", SIMT)
+def test_odd_lengths_gqa_mask_causal(emu, rng, algorithm, dtype):
+    """Sq=197, Sk=77 (no tile divides them), 4 query heads on 2 kv heads, a broadcast mask, causal."""
+    data = make(rng, (1, 4, 197, 32), (1, 2, 77, 32), dtype, mask_shape=(4, 1, 77))
+    run_checked(data, algorithm)
+    run_checked(data, algorithm, causal=True)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_head_dims(emu, rng, d):
+    data = make(rng, (2, 33, d), (2, 47, d))
+    for algorithm in ("fused", "three_stage"):
+        run_checked(data, algorithm)
+
+
+@pytest.mark.parametrize("sq,sk", [(40, 100), (100, 40)])
+def test_causal_diagonals(emu, rng, sq, sk):
+    """top_left: key j visible to query i when j <= i (torch's is_causal); bottom_right: j <= i + Sk - Sq.
+    With Sq > Sk, bottom_right leaves the first Sq - Sk queries without keys: their output is 0."""
+    data = make(rng, (1, 2, sq, 32), (1, 2, sk, 32))
+    for algorithm in SIMT:
+        top = run_checked(data, algorithm, causal=True)
+        bottom = run_checked(data, algorithm, causal="bottom_right")
+        if sq > sk:
+            assert np.all(bottom[:, :, : sq - sk] == 0)
+            assert not np.allclose(top, bottom)
+    # The first query sees exactly key 0 under top_left: its output is v[0].
+    np.testing.assert_allclose(top[:, :, 0], data["v"][:, :, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_masks_broadcast_and_minus_inf(emu, rng):
+    q_shape, kv_shape = (2, 3, 21, 32), (2, 3, 29, 32)
+    for mask_shape in [(29,), (21, 1), (2, 1, 21, 29), (1, 3, 1, 29), (2, 3, 21, 29)]:
+        data = make(rng, q_shape, kv_shape, mask_shape=mask_shape)
+        for algorithm in SIMT:
+            run_checked(data, algorithm)
+    data = make(rng, q_shape, kv_shape, mask_shape=(2, 3, 21, 29))
+    data["mask"][:, :, :, ::3] = -np.inf           # hidden keys
+    data["mask"][:, :, 5] = -np.inf                 # a query that sees nothing: zeros
+    for algorithm in SIMT:
+        out = run_checked(data, algorithm)
+        assert np.all(out[:, :, 5] == 0)
+
+
+def test_fp16_mask_with_fp16_inputs(emu, rng):
+    data = make(rng, (1, 2, 30, 64), (1, 2, 50, 64), "float16", mask_shape=(30, 50), mask_dtype="float16")
+    for algorithm in SIMT:
+        run_checked(data, algorithm, causal=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_large_logits(emu, rng, dtype):
+    """Scores around 1e3 must not overflow exp: the max is subtracted (online, per tile).
+
+    A constant +1000 mask shifts every score without changing the softmax, but an fp32 logit near
+    1000 is only known to 2^-14 (6e-5) absolute, which exp turns into relative errors of that size:
+    tolerance 2e-4 for fp32. With scale = 8/sqrt(D) the scores spread over a few hundred and the
+    softmax is nearly one-hot; errors near 1e-4 in such scores allow 1e-3.
+    """
+    data = make(rng, (1, 2, 45, 64), (1, 2, 61, 64), dtype, mask_shape=(45, 61))
+    data["mask"][:] = 1000.0
+    for algorithm in SIMT:
+        run_checked(data, algorithm, tol=2e-4 if dtype == "float32" else TOL[dtype])
+        run_checked(data, algorithm, scale=8.0 / np.sqrt(64), tol=1e-3 if dtype == "float32" else 4e-3)
+
+
+def test_seed_layout_3d(emu, rng):
+    data = make(rng, (3, 50, 64), (3, 70, 64), mask_shape=(50, 70))
+    for algorithm in SIMT:
+        run_checked(data, algorithm)
+        run_checked(data, algorithm, causal=True, scale=0.3)
+
+
+def test_unaligned_views_take_the_scalar_path(emu, rng):
+    """Inputs one element off 16-byte alignment: the kernels check and fall back to scalar loads."""
+    shape = (1, 2, 19, 32)
+    data = {}
+    for name in ("q", "k", "v"):
+        base = rng.standard_normal(int(np.prod(shape)) + 1).astype("float32")
+        data[name] = base[1:].reshape(shape)
+        assert data[name].ctypes.data % 16 != 0
+    data["mask"] = None
+    for algorithm in SIMT:
+        run_checked(data, algorithm)
+
+
+def test_no_keys_and_empty_batches(emu, rng):
+    data = make(rng, (2, 7, 32), (2, 0, 32))
+    for algorithm in SIMT:
+        out = run_checked(data, algorithm)
+        assert np.all(out == 0)
+    empty = make(rng, (0, 7, 32), (0, 5, 32))
+    assert jitops.attention(empty["q"], empty["k"], empty["v"]).shape == (0, 7, 32)
+
+
+# ---------------------------------------------------------------- matrix-core kernel (emulated fragments)
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_fused_mma_emulated(mma_emu, rng, d):
+    data = make(rng, (1, 2, 197, d), (1, 1, 77, d), "float16", mask_shape=(197, 77))
+    run_checked(data, "fused_mma", causal=d == 64)
+
+
+def test_fused_mma_tiles_and_edges(mma_emu, rng):
+    data = make(rng, (2, 2, 37, 64), (2, 2, 70, 64), "float16")
+    for params in (dict(warps=4, row_groups=2, block_k=64), dict(warps=2, row_groups=1, block_k=16),
+                   dict(warps=1, row_groups=2, block_k=32)):
+        run_checked(data, Schedule.make("fused_mma", **params), causal="bottom_right")
+    data["mask"] = np.full((37, 70), 1000.0, dtype="float16")     # large logits
+    data["mask"][3] = -np.inf                                    # a fully hidden query
+    out = run_checked(data, "fused_mma")
+    assert np.all(out[:, :, 3] == 0)
+
+
+def test_fused_mma_unaligned(mma_emu, rng):
+    shape = (1, 1, 20, 32)
+    data = {"mask": None}
+    for name in ("q", "k", "v"):
+        base = rng.standard_normal(int(np.prod(shape)) + 1).astype("float16")
+        data[name] = base[1:].reshape(shape)
+    run_checked(data, "fused_mma")
+
+
+# ---------------------------------------------------------------- scheduler and errors
+
+def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
+    from jitops.device import KNOWN_TARGETS
+
+    def problem(dtype, d, sq=128):
+        specs = {"q": TensorSpec((256, sq, d), dtype), "k": TensorSpec((256, sq, d), dtype),
+                 "v": TensorSpec((256, sq, d), dtype), "mask": None}
+        return op.make_problem(specs, {})
+
+    h100 = KNOWN_TARGETS["sm_90"]
+    assert op.heuristic(problem("float16", 64), h100).algorithm == "fused_mma"
+    assert op.heuristic(problem("float32", 64), h100).algorithm == "fused"
+    assert op.heuristic(problem("float16", 40), h100).algorithm == "three_stage"
+    assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
+    assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
+    big = op.heuristic(problem("float16", 64, sq=2048), h100)
+    assert big["row_groups"] == 2 and "matrix cores" in big.why
+
+
+def test_matrix_core_schedule_is_refused_on_the_emulator(emu, rng):
+    data = make(rng, (1, 16, 64), (1, 16, 64), "float16")
+    with pytest.raises(ScheduleError, match="matrix cores"):
+        jitops.attention(data["q"], data["k"], data["v"], schedule="fused_mma")
+    with pytest.raises(ScheduleError, match="head dims"):
+        d40 = make(rng, (1, 16, 40), (1, 16, 40))
+        jitops.attention(d40["q"], d40["k"], d40["v"], schedule="fused")
+    with pytest.raises(ScheduleError, match="no algorithm"):
+        jitops.attention(data["q"], data["k"], data["v"], schedule="winograd")
+
+
+def test_head_dims_without_fused_kernel_use_three_stage(emu, rng):
+    data = make(rng, (1, 2, 9, 40), (1, 2, 13, 40))
+    out = run_checked(data, None)
+    assert out.shape == (1, 2, 9, 40)
+
+
+@pytest.mark.parametrize("args,argument,match", [
+    (dict(q=(4, 8), k=(4, 8), v=(4, 8)), "q", "shape"),
+    (dict(q=(1, 4, 8), k=(1, 1, 4, 8), v=(1, 1, 4, 8)), "k", "rank 3"),
+    (dict(q=(1, 4, 8), k=(2, 4, 8), v=(2, 4, 8)), "k", "B = 1"),
+    (dict(q=(1, 4, 8), k=(1, 4, 16), v=(1, 4, 16)), "k", "D = 8"),
+    (dict(q=(1, 4, 4, 8), k=(1, 3, 4, 8), v=(1, 3, 4, 8)), "k", "dividing"),
+    (dict(q=(1, 4, 8), k=(1, 5, 8), v=(1, 6, 8)), "v", "shape of k"),
+    (dict(q=(1, 4, 300), k=(1, 4, 300), v=(1, 4, 300)), "q", "1..256"),
+    (dict(q=(1, 4, 8), k=(1, 5, 8), v=(1, 5, 8), mask=(4, 4)), "mask", "broadcasts"),
+    (dict(q=(1, 4, 8), k=(1, 5, 8), v=(1, 5, 8), mask=(2, 4, 5)), "mask", "broadcasts"),
+])
+def test_shape_errors(emu, args, argument, match):
+    arrays = {n: np.ones(s, dtype="float32") for n, s in args.items()}
+    with pytest.raises(ArgumentError, match=match) as info:
+        jitops.attention(arrays["q"], arrays["k"], arrays["v"], arrays.get("mask"))
+    assert info.value.argument == argument
+
+
+def test_dtype_and_attribute_errors(emu):
+    x = np.ones((1, 4, 8), dtype="float32")
+    with pytest.raises(ArgumentError, match="dtype") as info:
+        jitops.attention(x, x.astype("float16"), x)
+    assert info.value.argument == "k"
+    with pytest.raises(ArgumentError) as info:
+        jitops.attention(x, x, x, np.ones((4, 4), dtype="int32"))
+    assert info.value.argument == "mask"
+    with pytest.raises(ArgumentError, match="top_left") as info:
+        jitops.attention(x, x, x, causal="diagonal")
+    with pytest.raises(ArgumentError, match="real number"):
+        jitops.attention(x, x, x, scale="0.1")
+    with pytest.raises(ArgumentError, match="finite"):
+        jitops.attention(x, x, x, scale=float("nan"))
+    with pytest.raises(ArgumentError) as info:
+        jitops.attention(x, None, x)
+    assert info.value.argument == "k"
+
+
+def test_sm80_kernel_uses_mma_sync_and_ldmatrix():
+    """The matrix-core kernel's PTX (compiled offline, no GPU) has mma.sync, ldmatrix and cp.async."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from jitops import engine
+    from jitops.runtime import get_backend
+    backend = get_backend(target="sm_80")
+    specs = {n: TensorSpec((8, 16, 2048, 64), "float16") for n in ("q", "k", "v")}
+    problem = op.make_problem({**specs, "mask": None}, {})
+    launch = op.plan(problem, op.heuristic(problem, backend.device), backend.device).launches[0]
+    source = engine.kernel_source(backend.device, launch)
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    opts = [b"-arch=compute_80", b"-std=c++17", b"-default-device"]
+    assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
+    _, size = nvrtc.nvrtcGetPTXSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetPTX(prog, buf)
+    ptx = buf.decode()
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "cp.async.cg.shared.global" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
