@@ -315,6 +315,47 @@ def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: M
             _launch(step, ptrs, p.itemsizes, backend, stream)
 
 
+# ---------------------------------------------------------------- raw device pointers (ONNX Runtime CUDA/ROCm)
+
+def run_pointers(op_name: str, inputs: Mapping[str, tuple[int, TensorSpec] | None], attrs: Mapping[str, Any],
+                 outputs: Mapping[str, int], stream: int, backend: Backend | None = None,
+                 schedule: Schedule | str | None = None) -> None:
+    """Run an op on raw device pointers on a given stream (a framework's buffers, e.g. ONNX Runtime's).
+
+    inputs: name -> (device pointer, TensorSpec), or None when absent; outputs: name -> device
+    pointer of the problem's output size. Nothing is allocated except the plan's workspaces.
+    """
+    backend = backend or current_backend()
+    op = get_op(op_name)
+    specs = {n: (v[1] if v is not None else None) for n, v in inputs.items()}
+    call_key = ("pointers", op_name, id(backend), schedule, tuple(specs.items()), frozen_items(attrs))
+    prepared = _cache.by_call.get(call_key)
+    if prepared is None:
+        backend.require_device(f"run {op_name}")
+        prepared = prepare(op, op.make_problem(specs, attrs), backend, schedule)
+        with _cache.lock:
+            _cache.by_call[call_key] = prepared
+    refs = {n: arrays.ArrayRef(None, "cai", v[1].shape, v[1].dtype, v[0], v[1].nbytes, False)
+            for n, v in inputs.items() if v is not None}
+    ptrs = {n: (r.ptr, r.nbytes) for n, r in refs.items()}
+    for name, spec in prepared.problem.outputs().items():
+        ptrs[name] = (int(outputs[name]), spec.nbytes)
+    staged: list[int] = []
+    primary = next(iter(refs.values()))
+    try:
+        for ws in prepared.plan.workspaces:
+            ptrs[ws.name] = (_workspace(prepared, ws, backend, primary, staged, {}, stream), ws.nbytes)
+        with prepared.lock:
+            _run_prepare_steps(prepared, refs, ptrs, backend, stream)
+            for step in prepared.steps:
+                _launch(step, ptrs, prepared.itemsizes, backend, stream)
+    finally:
+        if staged:   # per-call workspaces: the launches must be done with them first
+            backend.synchronize(stream)
+            for ptr in staged:
+                backend.free(ptr)
+
+
 # ---------------------------------------------------------------- compile without running
 
 @dataclass

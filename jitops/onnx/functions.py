@@ -1,0 +1,134 @@
+"""Fallback bodies: each jitops node type as an ONNX function of standard ops.
+
+A rewritten model carries one FunctionProto per jitops node type it uses (domain `jitops`), so a
+runtime without the jitops library inlines the body and computes the same thing. Bodies read the
+node's attributes by reference (ref_attr_name) and are written for the model's default opset:
+ops that exist at that opset, with the attributes that opset defines.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .optypes import DOMAIN, OP_TYPES, OpType
+
+_ATTR_TYPES = {"int": 2, "float": 1, "string": 3, "ints": 7, "floats": 6}   # AttributeProto.AttributeType
+
+
+def _ref(name: str, kind: str, target: str | None = None) -> Any:
+    """An attribute of a body node taking its value from the function's attribute `name`."""
+    from onnx import AttributeProto
+    a = AttributeProto()
+    a.name = target or name
+    a.type = _ATTR_TYPES[kind]
+    a.ref_attr_name = name
+    return a
+
+
+def _node(op: str, inputs: list[str], outputs: list[str], refs: tuple = (), **attrs: Any) -> Any:
+    from onnx import helper
+    n = helper.make_node(op, inputs, outputs, **attrs)
+    n.attribute.extend(refs)
+    return n
+
+
+def _activation(t: OpType, x: str, y: str) -> list[Any]:
+    act = t.fixed.get("activation")
+    if act == "relu":
+        return [_node("Relu", [x], [y])]
+    if act == "leaky_relu":
+        return [_node("LeakyRelu", [x], [y], (_ref("alpha", "float"),))]
+    return [_node("Identity", [x], [y])]
+
+
+def _conv(t: OpType, opset: int) -> list[Any]:
+    refs = (_ref("strides", "ints"), _ref("pads", "ints"), _ref("dilations", "ints"), _ref("group", "int"))
+    return [_node("Conv", ["X", "W", "B"], ["conv"], refs)] + _activation(t, "conv", "Y")
+
+
+def _batch_norm(t: OpType, opset: int) -> list[Any]:
+    extra = {"is_test": 1} if opset < 7 else {}   # BatchNormalization-6 defaults to training mode
+    return [_node("BatchNormalization", ["X", "scale", "B", "mean", "var"], ["bn"], (_ref("epsilon", "float"),),
+                  **extra)] + _activation(t, "bn", "Y")
+
+
+def _group_norm(t: OpType, opset: int) -> list[Any]:
+    refs = (_ref("num_groups", "int"), _ref("epsilon", "float"))
+    if opset >= 21:
+        return [_node("GroupNormalization", ["X", "scale", "B"], ["Y"], refs)]
+    # GroupNormalization-18 takes scale and bias per group: normalise with ones/zeros, then apply the
+    # per-channel scale and bias, broadcast over the spatial dims (any rank).
+    from onnx import helper
+    one_f = helper.make_tensor("one", 1, [1], [1.0])
+    zero_f = helper.make_tensor("zero", 1, [1], [0.0])
+    return [
+        _node("Constant", [], ["g"], (_ref("num_groups", "int", "value_int"),)),
+        _node("Constant", [], ["one_shape"], value_ints=[1]),
+        _node("Reshape", ["g", "one_shape"], ["g_shape"]),
+        _node("ConstantOfShape", ["g_shape"], ["ones32"], value=one_f),
+        _node("ConstantOfShape", ["g_shape"], ["zeros32"], value=zero_f),
+        _node("CastLike", ["ones32", "X"], ["ones"]),
+        _node("CastLike", ["zeros32", "X"], ["zeros"]),
+        _node("GroupNormalization", ["X", "ones", "zeros"], ["normed"], refs),
+        _node("Shape", ["X"], ["x_shape"]),
+        _node("Shape", ["x_shape"], ["rank"]),
+        _node("Constant", [], ["two"], value_ints=[2]),
+        _node("Sub", ["rank", "two"], ["tail_rank"]),
+        _node("ConstantOfShape", ["tail_rank"], ["tail_ones"], value=helper.make_tensor("i1", 7, [1], [1])),
+        _node("Constant", [], ["minus_one"], value_ints=[-1]),
+        _node("Concat", ["minus_one", "tail_ones"], ["param_shape"], axis=0),
+        _node("Reshape", ["scale", "param_shape"], ["scale_b"]),
+        _node("Reshape", ["B", "param_shape"], ["bias_b"]),
+        _node("Mul", ["normed", "scale_b"], ["scaled"]),
+        _node("Add", ["scaled", "bias_b"], ["Y"]),
+    ]
+
+
+def _layer_norm(t: OpType, opset: int) -> list[Any]:
+    return [_node("LayerNormalization", ["X", "scale", "B"], ["Y"], (_ref("axis", "int"), _ref("epsilon", "float")))]
+
+
+def _rms_norm(t: OpType, opset: int) -> list[Any]:
+    return [_node("RMSNormalization", ["X", "scale"], ["Y"], (_ref("axis", "int"), _ref("epsilon", "float")))]
+
+
+def _leaky_relu(t: OpType, opset: int) -> list[Any]:
+    return [_node("LeakyRelu", ["X"], ["Y"], (_ref("alpha", "float"),))]
+
+
+def _attention(t: OpType, opset: int) -> list[Any]:
+    masked = "mask" in t.inputs
+    refs = (_ref("scale", "float"), _ref("is_causal", "int"))
+    if opset >= 23:
+        return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
+    # Before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten: scale is explicit, no causal.
+    nodes = [_node("Einsum", ["Q", "K"], ["qk"], equation="...qd,...kd->...qk"),
+             _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
+    if opset >= 15:
+        nodes.append(_node("CastLike", ["scale32", "Q"], ["scale"]))
+    else:   # opset 13-14: the rewrite only takes float32 patterns
+        nodes.append(_node("Identity", ["scale32"], ["scale"]))
+    nodes.append(_node("Mul", ["qk", "scale"], ["scores"]))
+    if masked:
+        nodes.append(_node("Add", ["scores", "mask"], ["masked"]))
+    nodes += [_node("Softmax", ["masked" if masked else "scores"], ["probs"], axis=-1),
+              _node("MatMul", ["probs", "V"], ["Y"])]
+    return nodes
+
+
+_FORMAL_INPUTS = {"conv2d": ["X", "W", "B"], "batch_norm": ["X", "scale", "B", "mean", "var"],
+                  "group_norm": ["X", "scale", "B"], "layer_norm": ["X", "scale", "B"], "rms_norm": ["X", "scale"],
+                  "leaky_relu": ["X"]}
+_BODIES: dict[str, Callable[[OpType, int], list[Any]]] = {
+    "conv2d": _conv, "batch_norm": _batch_norm, "group_norm": _group_norm, "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
+
+
+def function_for(type_name: str, opset: int) -> Any:
+    """The FunctionProto (domain jitops) implementing node type `type_name` at default-domain `opset`."""
+    from onnx import helper
+    t = OP_TYPES[type_name]
+    inputs = _FORMAL_INPUTS.get(t.op) or ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else [])
+    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], _BODIES[t.op](t, opset),
+                                [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],
+                                doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
+                                           f"where the jitops custom ops are not registered")

@@ -1,0 +1,204 @@
+"""The Python half of the jitops ONNX Runtime kernels: one Kernel per node, run on ORT's buffers.
+
+CPU execution provider: the inputs and outputs are host memory; they are viewed as numpy arrays
+(no copy) and the op runs on the session's jitops backend: in place on the CPU emulator, with
+staged copies on a GPU. CUDA / ROCm execution providers: the buffers are device memory and the op
+is launched on ORT's compute stream through engine.run_pointers, with no copies at all.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import engine
+from ..errors import JitopsError
+from ..ops import get_op
+from ..ops.base import TensorSpec
+from ..runtime import current_backend, get_backend
+from ..runtime.base import Backend
+from .optypes import OpType, op_type
+
+log = logging.getLogger("jitops.onnx")
+
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider")
+ELEM_DTYPES = {1: "float32", 10: "float16"}
+_GPU_BACKEND = {1: "cuda", 2: "hip"}
+
+
+class OutputAllocationFailed(Exception):
+    """ORT refused an output; the native side holds its message."""
+
+
+@dataclass
+class Kernel:
+    """One ORT node of a jitops type, bound to the backend its session chose."""
+
+    type: OpType
+    provider: int
+    dtype: str
+    node_attrs: dict[str, Any]
+    backend: Backend
+    calls: int = 0
+    plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec]]]] = field(default_factory=dict)
+
+    def plan(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
+             ) -> tuple[dict, list[tuple[str, TensorSpec]]]:
+        """The op attributes and output specs for these input shapes (validated once per shape)."""
+        key = tuple((n, s, dtypes.get(n)) for n, s in shapes.items())
+        found = self.plans.get(key)
+        if found is None:
+            attrs = self.type.op_attrs(self.node_attrs, {n: s for n, s in shapes.items() if s is not None})
+            specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in shapes.items()}
+            problem = get_op(self.type.op).make_problem(specs, attrs)
+            found = (attrs, list(problem.outputs().items()))
+            self.plans[key] = found
+        return found
+
+
+_kernels: dict[int, Kernel] = {}
+_next_id = [0]
+_ids_lock = threading.Lock()
+_lib: Any = None
+_session_backend = threading.local()
+
+
+def bind_library(lib: Any) -> None:
+    global _lib
+    _lib = lib
+
+
+@contextlib.contextmanager
+def session_backend(backend: Backend | None) -> Iterator[None]:
+    """Kernels created inside (while ORT builds a session in this thread) run CPU-EP nodes on `backend`."""
+    prev = getattr(_session_backend, "value", None)
+    _session_backend.value = backend
+    try:
+        yield
+    finally:
+        _session_backend.value = prev
+
+
+def kernel_count() -> int:
+    return len(_kernels)
+
+
+def _backend_for(provider: int) -> Backend:
+    if provider == 0:
+        return getattr(_session_backend, "value", None) or current_backend()
+    name = _GPU_BACKEND[provider]
+    backend = get_backend(name)
+    if not backend.can_launch:
+        raise JitopsError(f"{PROVIDERS[provider]} node, but the jitops {name} backend has no device")
+    return backend
+
+
+def create(type_name: str, provider: int, elem_type: int, attrs_json: str) -> int:
+    t = op_type(type_name)
+    dtype = ELEM_DTYPES.get(elem_type)
+    if dtype is None:
+        raise JitopsError(f"jitops::{type_name}: element type {elem_type} is not float32 or float16")
+    kernel = Kernel(t, provider, dtype, json.loads(attrs_json), _backend_for(provider))
+    with _ids_lock:
+        _next_id[0] += 1
+        kid = _next_id[0]
+        _kernels[kid] = kernel
+    log.debug("kernel %d: jitops::%s on %s (%s, backend %s)", kid, type_name, PROVIDERS[provider], dtype,
+              kernel.backend.name)
+    return kid
+
+
+def _host_view(ptr: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A numpy array over ORT's host buffer (no copy)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0 or not ptr:
+        return np.empty(shape, dtype=dtype)
+    size = n * np.dtype(dtype).itemsize
+    return np.frombuffer((ctypes.c_byte * size).from_address(ptr), dtype=dtype).reshape(shape)
+
+
+def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> None:
+    k = _kernels[kid]
+    names = k.type.inputs
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    dtypes: dict[str, str] = {}
+    ptrs: dict[str, int] = {}
+    for i, name in enumerate(names):
+        t = inputs[i]
+        if t.ndim < 0:
+            shapes[name] = None
+            continue
+        shapes[name] = tuple(int(t.dims[d]) for d in range(t.ndim))
+        dtypes[name] = ELEM_DTYPES.get(int(t.elem_type), f"onnx-type-{int(t.elem_type)}")
+        ptrs[name] = int(t.data or 0)
+    attrs, out_specs = k.plan(shapes, dtypes)
+    out_ptrs = []
+    for index, (_, spec) in enumerate(out_specs):
+        dims = (ctypes.c_int64 * max(1, len(spec.shape)))(*spec.shape)
+        ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
+        if not ptr and spec.numel:
+            raise OutputAllocationFailed()
+        out_ptrs.append(int(ptr or 0))
+    k.calls += 1
+    if k.provider == 0:
+        tensors = {n: (_host_view(ptrs[n], shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
+        outs = {name: _host_view(p, s.shape, s.dtype) for (name, s), p in zip(out_specs, out_ptrs)}
+        engine.run(k.type.op, tensors, attrs, out=outs, backend=k.backend)
+    else:
+        tensors_p = {n: ((ptrs[n], TensorSpec(shapes[n], dtypes[n])) if shapes[n] is not None else None)
+                     for n in names}
+        engine.run_pointers(k.type.op, tensors_p, attrs, {n: p for (n, _), p in zip(out_specs, out_ptrs)}, int(stream or 0),
+                            backend=k.backend)
+
+
+def destroy(kid: int) -> None:
+    with _ids_lock:
+        _kernels.pop(kid, None)
+
+
+# ---- ctypes entry points: never let an exception escape into ONNX Runtime
+
+def create_callback(type_name: bytes, provider: int, elem_type: int, attrs_json: bytes, out_id: Any,
+                    err: int, errlen: int) -> int:
+    from .native import write_error
+    try:
+        out_id[0] = create(type_name.decode(), int(provider), int(elem_type), attrs_json.decode())
+        return 0
+    except Exception as exc:  # becomes the ORT status of session creation
+        write_error(err, errlen, _message(exc))
+        return 1
+
+
+def compute_callback(kid: int, call: int, n_inputs: int, inputs: Any, stream: int, err: int, errlen: int) -> int:
+    from .native import write_error
+    try:
+        compute(int(kid), call, int(n_inputs), inputs, stream or 0)
+        return 0
+    except OutputAllocationFailed:
+        return 1          # the native side reports ORT's own message
+    except Exception as exc:  # becomes the ORT status of session.run
+        k = _kernels.get(int(kid))
+        where = f"jitops::{k.type.name} ({k.type.op})" if k else "jitops kernel"
+        write_error(err, errlen, f"{where}: {_message(exc)}")
+        return 1
+
+
+def destroy_callback(kid: int) -> None:
+    try:
+        destroy(int(kid))
+    except Exception:
+        pass
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, JitopsError):
+        return f"{type(exc).__name__}: {exc}"
+    log.debug("jitops kernel failed:\n%s", traceback.format_exc())
+    return f"{type(exc).__name__}: {exc}"

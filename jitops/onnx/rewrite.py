@@ -1,0 +1,129 @@
+"""Rewrite an ONNX model so that the nodes jitops runs become nodes of domain `jitops`.
+
+The result is a valid ONNX model: each jitops node keeps ONNX semantics (see optypes and
+matchers) and its type is also defined as a model-local function of standard ops, so the model
+still runs, unchanged in meaning, in a runtime without the jitops custom ops.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Iterable, Mapping, Sequence
+
+from .._version import __version__
+from .functions import function_for
+from .graph import default_opset, load_model
+from .nodes import NodeProblem, supported_nodes
+from .optypes import DOMAIN, DOMAIN_VERSION, OP_TYPES
+
+log = logging.getLogger("jitops.onnx")
+
+MIN_IR_VERSION = 8          # model-local functions
+METADATA_KEY = "jitops.rewrite"
+
+
+def _jitops_node(p: NodeProblem) -> Any:
+    from onnx import helper
+    t = OP_TYPES[p.op_type]
+    inputs = list(p.node_inputs)
+    while inputs and not inputs[-1]:      # trailing absent optional inputs are left out
+        inputs.pop()
+    attrs = {k: v for k, v in p.node_attrs.items() if k in {a.name for a in t.attrs}}
+    name = "jitops/" + "+".join(p.nodes)
+    return helper.make_node(t.name, inputs, [p.node_output], name=name, domain=DOMAIN, **attrs)
+
+
+def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+            fuse: bool = True, fallback: bool = True) -> Any:
+    """A copy of `model` with every node group jitops supports replaced by one node in domain `jitops`.
+
+    model: ModelProto, path or bytes. ops: restrict to these jitops ops (or ONNX op types).
+    input_shapes: graph input name -> shape, for dynamic dimensions (nodes whose shapes stay unknown
+    are left as they are). fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
+    BatchNormalization + activation, MatMul/Softmax/MatMul attention. fallback: add the ONNX function
+    bodies that let the model run without jitops (default on).
+    The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse)`.
+    """
+    import onnx
+    src = load_model(model)
+    problems = supported_nodes(src, input_shapes, ops, fuse)
+    out = onnx.ModelProto()
+    out.CopyFrom(src)
+    g = out.graph
+    by_last: dict[int, NodeProblem] = {}
+    covered: set[int] = set()
+    order = {id(n): i for i, n in enumerate(src.graph.node)}
+    for p in problems:
+        ids = [id(n) for n in p.covered]
+        covered.update(ids)
+        by_last[max(ids, key=lambda i: order[i])] = p
+    new_nodes = []
+    for node in src.graph.node:
+        if id(node) not in covered:
+            new_nodes.append(node)
+            continue
+        p = by_last.get(id(node))
+        if p is not None:   # the group's last node: its inputs all exist by now
+            new_nodes.extend(p.extra_nodes)
+            new_nodes.append(_jitops_node(p))
+    del g.node[:]
+    g.node.extend(new_nodes)
+    _update_initializers(out, problems)
+    _drop_dead_value_info(out)
+    if problems:
+        _declare_domain(out, sorted({p.op_type for p in problems}), fallback)
+    out.metadata_props.add(key=METADATA_KEY, value=json.dumps(
+        {"jitops": __version__, "replaced": [{"nodes": list(p.nodes), "as": p.op_type, "key": p.key}
+                                             for p in problems]}))
+    log.info("rewrite: %d node groups -> jitops (%s)", len(problems),
+             ", ".join(sorted({p.op_type for p in problems})) or "none")
+    return out
+
+
+def _update_initializers(model: Any, problems: list[NodeProblem]) -> None:
+    """Add the new constants (folded weights...) and drop initializers nothing reads any more."""
+    from onnx import numpy_helper
+    g = model.graph
+    for p in problems:
+        for name, value in p.constants.items():
+            g.initializer.append(numpy_helper.from_array(value, name))
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used |= {i for n in g.node for a in n.attribute if a.type == 5 for i in _subgraph_inputs(a.g)}
+    used |= {i for n in g.node for a in n.attribute if a.type == 10 for sg in a.graphs for i in _subgraph_inputs(sg)}
+    keep = [t for t in g.initializer if t.name in used]
+    if len(keep) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(keep)
+
+
+def _subgraph_inputs(graph: Any) -> set[str]:
+    names = set()
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            if a.type == 5:
+                names |= _subgraph_inputs(a.g)
+            elif a.type == 10:
+                for sg in a.graphs:
+                    names |= _subgraph_inputs(sg)
+    return names
+
+
+def _drop_dead_value_info(model: Any) -> None:
+    g = model.graph
+    live = {o for n in g.node for o in n.output} | {i.name for i in g.input}
+    keep = [vi for vi in g.value_info if vi.name in live]
+    if len(keep) != len(g.value_info):
+        del g.value_info[:]
+        g.value_info.extend(keep)
+
+
+def _declare_domain(model: Any, types: list[str], fallback: bool) -> None:
+    from onnx import helper
+    if not any(i.domain == DOMAIN for i in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    if fallback:
+        opset = default_opset(model)
+        have = {(f.domain, f.name) for f in model.functions}
+        model.functions.extend(function_for(t, opset) for t in types if (DOMAIN, t) not in have)
+        model.ir_version = max(model.ir_version, MIN_IR_VERSION)

@@ -1,0 +1,68 @@
+"""ONNX Runtime sessions with the jitops custom ops registered."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..runtime import get_backend
+from ..runtime.base import Backend
+from . import kernels, native
+from .graph import load_model
+from .optypes import DOMAIN
+
+log = logging.getLogger("jitops.onnx")
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
+
+
+def register(options: Any) -> Any:
+    """Register the jitops custom ops on an onnxruntime.SessionOptions (returns it)."""
+    native.connect()
+    options.register_custom_ops_library(str(native.library_path()))
+    return options
+
+
+def has_jitops_nodes(model: Any) -> bool:
+    return any(n.domain == DOMAIN for n in model.graph.node)
+
+
+def default_providers() -> list[str]:
+    """ORT's available providers among CUDA / ROCm / CPU, GPU first (TensorRT and the like left out)."""
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    return [p for p in (*GPU_PROVIDERS, "CPUExecutionProvider") if p in available]
+
+
+def session(model: Any, providers: Sequence[Any] | None = None, *, rewrite: bool | str = "auto",
+            input_shapes: Mapping[str, Sequence[int]] | None = None, backend: Backend | str | None = None,
+            options: Any = None, **rewrite_args: Any) -> Any:
+    """An onnxruntime.InferenceSession that runs the model's jitops nodes on jitops kernels.
+
+    model: path, ModelProto or bytes. rewrite: "auto" rewrites a model with no jitops nodes
+    (jitops.onnx.rewrite with input_shapes / rewrite_args), True always, False never.
+    providers: as for ORT (default: CUDA or ROCm when available, then CPU). On the CPU provider the
+    jitops nodes run on `backend` (default: the active jitops backend: a GPU with staged copies,
+    or the CPU emulator); on CUDA / ROCm they launch on ORT's stream with ORT's device buffers.
+    """
+    import onnxruntime as ort
+    proto = None
+    source: Any = model
+    if rewrite is True or rewrite == "auto":
+        proto = load_model(model)
+        if rewrite is True or not has_jitops_nodes(proto):
+            from .rewrite import rewrite as do_rewrite
+            proto = do_rewrite(proto, input_shapes=input_shapes, **rewrite_args)
+        source = proto.SerializeToString()
+    elif not isinstance(model, (str, Path, bytes, bytearray)):
+        source = model.SerializeToString()
+    else:
+        source = str(model) if isinstance(model, Path) else model
+    opts = options if options is not None else ort.SessionOptions()
+    register(opts)
+    be = get_backend(backend) if isinstance(backend, str) else backend
+    with kernels.session_backend(be):
+        sess = ort.InferenceSession(source, sess_options=opts,
+                                    providers=list(providers) if providers is not None else default_providers())
+    log.info("session with providers %s; %d jitops kernels alive", sess.get_providers(), kernels.kernel_count())
+    return sess
