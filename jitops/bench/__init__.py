@@ -57,6 +57,7 @@ class Case:
     bytes: int = 0
     flops: int = 0
     schedule: Callable[[], str] | None = None
+    repeats: int = 0                   # calls per timing trial; 0: the default (50, quick 20). Slow cases set fewer
 
 
 @dataclass
@@ -81,7 +82,7 @@ class Row:
 def run_case(case: Case, ctx: Context, copy_gbs: float | None) -> Row:
     error = case.check()
     t = ctx.timer
-    n = 20 if ctx.quick else 50
+    n = case.repeats or (20 if ctx.quick else 50)
     j = t.per_call_us(case.jitops, n=n)
     jg = t.graph_us(case.jitops, n=n)
     v = vg = None

@@ -1,0 +1,214 @@
+"""attention cases: the seed shape B=256, S=128, D=64 (fp32, fp16) and B=8, H=16, S=2048, D=64 (fp16),
+against torch.nn.functional.scaled_dot_product_attention, every algorithm when asked; each case
+checked against a float64 reference (torch on the GPU) before it is timed.
+
+`python -m jitops.bench.attention --sweep` times every candidate schedule of these problems with
+CUDA-graph replay, next to SDPA, for tuning the scheduler.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+import jitops
+
+from ..errors import ScheduleError
+from ..ops import get_op
+from ..ops.base import Schedule, TensorSpec
+from . import Case, Context
+
+OP = "attention"
+
+
+def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
+    """(name, q shape, kv shape, dtype, causal)."""
+    if not ctx.on_gpu:
+        return [("B=2 S=64 D=64", (2, 64, 64), (2, 64, 64), "float32", False),
+                ("B=2 S=64 D=64", (2, 64, 64), (2, 64, 64), "float16", False)]
+    seed = (256, 128, 64)
+    big = (8, 16, 2048, 64)
+    out = [("B=256 S=128 D=64", seed, seed, "float32", False),
+           ("B=256 S=128 D=64", seed, seed, "float16", False),
+           ("B=8 H=16 S=2048 D=64", big, big, "float16", False)]
+    if not ctx.quick:
+        out.append(("B=8 H=16 S=2048 causal", big, big, "float16", True))
+    return out
+
+
+def _problem(q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool) -> Any:
+    specs = {"q": TensorSpec(q_shape, dtype), "k": TensorSpec(kv_shape, dtype), "v": TensorSpec(kv_shape, dtype),
+             "mask": None}
+    return get_op(OP).make_problem(specs, {"causal": causal, "scale": None})
+
+
+def _variants(ctx: Context, problem: Any) -> list[str]:
+    if ctx.algorithms == "heuristic":
+        return ["heuristic"]
+    op = get_op(OP)
+    device = jitops.get_backend().device
+    out = ["heuristic"]
+    for algorithm in op.ALGORITHMS:
+        try:
+            op.heuristic(problem, device, algorithm)
+        except ScheduleError:
+            continue
+        out.append(algorithm)
+    return out
+
+
+def _repeats(problem: Any, variant: str) -> int:
+    """Fewer calls per trial for the slow baselines on big problems (0: the harness default)."""
+    gflop = problem.flops() / 1e9
+    if variant == "naive" and gflop > 10:
+        return 1
+    if variant in ("naive", "three_stage") and gflop > 1:
+        return 5
+    return 0
+
+
+def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """softmax(q k^T / sqrt(D)) v in float64 on the GPU (top-left causal, as SDPA)."""
+    qd, kd, vd = q.double(), k.double(), v.double()
+    s = qd @ kd.transpose(-1, -2) / qd.shape[-1] ** 0.5
+    if causal:
+        n, m = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return torch.softmax(s, dim=-1) @ vd
+
+
+def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, variant: str,
+              problem: Any) -> Case:
+    torch = ctx.torch
+    tdt = getattr(torch, dtype)
+    q = torch.randn(q_shape, device="cuda", dtype=tdt)
+    k = torch.randn(kv_shape, device="cuda", dtype=tdt)
+    v = torch.randn(kv_shape, device="cuda", dtype=tdt)
+    out = torch.empty_like(q)
+    schedule = None if variant == "heuristic" else variant
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def check() -> float:
+        out.fill_(float("nan"))
+        jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule)
+        ref = torch_reference(torch, q, k, v, causal)
+        err = float((out.double() - ref).abs().max() / ref.abs().max())
+        rtol, _ = _tolerance(problem, schedule)
+        assert err <= rtol and not torch.isnan(out).any(), f"error {err:.3g} > {rtol} (or NaN left in output)"
+        del ref
+        return err
+
+    return Case(OP, f"{name} {dtype}", variant,
+                jitops=lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule),
+                check=check, vendor=lambda: sdpa(q, k, v, is_causal=causal), vendor_name="torch.sdpa",
+                bytes=problem.bytes_moved(), flops=problem.flops(),
+                schedule=lambda: _schedule_text(problem, schedule), repeats=_repeats(problem, variant))
+
+
+def _case_cpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, variant: str,
+              problem: Any) -> Case:
+    op = get_op(OP)
+    data = {n: ctx.rng.standard_normal(s).astype(dtype) for n, s in (("q", q_shape), ("k", kv_shape), ("v", kv_shape))}
+    out = np.empty(q_shape, dtype=dtype)
+    schedule = None if variant == "heuristic" else variant
+
+    def check() -> float:
+        out.fill(np.nan)
+        jitops.attention(data["q"], data["k"], data["v"], causal=causal, out=out, schedule=schedule)
+        ref = op.reference(problem, data)["out"]
+        err = float(np.abs(out - ref).max() / np.abs(ref).max())
+        rtol, _ = _tolerance(problem, schedule)
+        assert err <= rtol and not np.isnan(out).any(), f"error {err:.3g} > {rtol} (or NaN left in output)"
+        return err
+
+    return Case(OP, f"{name} {dtype}", variant,
+                jitops=lambda: jitops.attention(data["q"], data["k"], data["v"], causal=causal, schedule=schedule),
+                check=check, bytes=problem.bytes_moved(), flops=problem.flops(),
+                schedule=lambda: _schedule_text(problem, schedule))
+
+
+def _tolerance(problem: Any, schedule: str | None) -> tuple[float, float]:
+    op = get_op(OP)
+    sched, _ = _select(problem, schedule)
+    return op.tolerance(problem, sched)
+
+
+def _select(problem: Any, forced: str | Schedule | None) -> tuple[Schedule, str]:
+    from ..engine import select_schedule
+    return select_schedule(get_op(OP), problem, jitops.get_backend().device, forced)
+
+
+def _schedule_text(problem: Any, forced: str | None) -> str:
+    sched, origin = _select(problem, forced)
+    return f"{sched} [{origin}]"
+
+
+def cases(ctx: Context) -> Iterator[Case]:
+    make: Callable[..., Case] = _case_gpu if ctx.on_gpu else _case_cpu
+    for name, q_shape, kv_shape, dtype, causal in problems(ctx):
+        problem = _problem(q_shape, kv_shape, dtype, causal)
+        for variant in _variants(ctx, problem):
+            yield make(ctx, name, q_shape, kv_shape, dtype, causal, variant, problem)
+
+
+# ---------------------------------------------------------------- tuning sweep
+
+def sweep(quick: bool = False) -> list[dict[str, Any]]:
+    """Every candidate schedule of the bench problems: error, graph-replay time, ratio to SDPA."""
+    from . import make_context
+    ctx = make_context(quick)
+    if not ctx.on_gpu:
+        raise SystemExit("the sweep needs a GPU with torch")
+    torch, timer = ctx.torch, ctx.timer
+    op = get_op(OP)
+    device = jitops.get_backend().device
+    rows = []
+    for name, q_shape, kv_shape, dtype, causal in problems(ctx):
+        problem = _problem(q_shape, kv_shape, dtype, causal)
+        tdt = getattr(torch, dtype)
+        q, k, v = (torch.randn(s, device="cuda", dtype=tdt) for s in (q_shape, kv_shape, kv_shape))
+        out = torch.empty_like(q)
+        ref = torch_reference(torch, q, k, v, causal)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        vendor_us = timer.graph_us(lambda: sdpa(q, k, v, is_causal=causal), n=20)
+        print(f"{name} {dtype}: heuristic {op.heuristic(problem, device)}", flush=True)
+        for sched in op.candidates(problem, device):
+            if sched.algorithm == "naive" or (sched.algorithm == "three_stage" and problem.flops() > 1e11):
+                continue
+            out.fill_(float("nan"))
+            jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+            err = float((out.double() - ref).abs().max() / ref.abs().max())
+            us = timer.graph_us(lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=sched), n=20)
+            rows.append({"problem": f"{name} {dtype}", "schedule": str(sched), "error": err, "us": us,
+                         "sdpa_us": vendor_us, "ratio": vendor_us / us if us and vendor_us else None,
+                         "tflops": problem.flops() / (us * 1e-6) / 1e12 if us else None})
+            print(f"{rows[-1]['problem']:<34} {us:9.1f} us  sdpa {vendor_us:9.1f}  ratio {rows[-1]['ratio']:5.2f}  "
+                  f"{rows[-1]['tflops']:6.1f} TFLOP/s  err {err:.1e}  {sched}", flush=True)
+        del ref
+        torch.cuda.empty_cache()
+    print("\nbest per problem (graph replay):")
+    for name in dict.fromkeys(r["problem"] for r in rows):
+        mine = [r for r in rows if r["problem"] == name and r["error"] == r["error"]]
+        best = min(mine, key=lambda r: r["us"])
+        print(f"{name:<34} best {best['us']:9.1f} us  sdpa {best['sdpa_us']:9.1f}  ratio {best['ratio']:5.2f}  "
+              f"{best['tflops']:6.1f} TFLOP/s  {best['schedule']}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweep", action="store_true", help="time every candidate schedule (GPU)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    if args.sweep:
+        rows = sweep(args.quick)
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

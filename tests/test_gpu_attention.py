@@ -1,0 +1,162 @@
+"""attention on a real GPU (pytest -m gpu): every algorithm against float64 torch, odd lengths, masks,
+both causal diagonals, grouped heads, head dims 32/64/128, unaligned views, large logits, the
+matrix-core kernel on the benchmark shape, SDPA agreement, streams and graph capture."""
+from __future__ import annotations
+
+import pytest
+
+import jitops
+from jitops.ops import get_op
+from jitops.ops.base import TensorSpec
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def gpu_backend():
+    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
+    with jitops.use_backend(be):
+        yield be
+
+
+def algorithms(dtype):
+    out = ["fused", "three_stage", "naive", None]
+    if dtype == torch.float16 and jitops.get_backend().device.matrix_cores:
+        out.insert(0, "fused_mma")
+    return out
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None):
+    """float64, with the op's conventions: grouped heads, top_left/bottom_right, zeros for unseen rows."""
+    qd, kd, vd = q.double(), k.double(), v.double()
+    if q.dim() == 4 and k.shape[1] != q.shape[1]:
+        kd = kd.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        vd = vd.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (qd @ kd.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if mask is not None:
+        s = s + mask.double()
+    if causal:
+        sq, sk = s.shape[-2:]
+        off = sk - sq if causal == "bottom_right" else 0
+        i = torch.arange(sq, device=s.device)[:, None]
+        j = torch.arange(sk, device=s.device)[None, :]
+        s = s.masked_fill(j > i + off, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    out = (e @ vd) / torch.where(total > 0, total, torch.ones_like(total))
+    return torch.where(total > 0, out, torch.zeros_like(out))
+
+
+def check(q, k, v, mask=None, causal=False, scale=None, schedule=None, tol=None):
+    out = torch.full_like(q, float("nan"))
+    jitops.attention(q, k, v, mask, causal=causal, scale=scale, out=out, schedule=schedule)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any(), f"{schedule}: unwritten or NaN output"
+    ref = reference(q, k, v, mask, causal, scale)
+    err = float((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    assert err <= (tol or TOL[q.dtype]), f"{schedule}: error {err:.3g}"
+    return out
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(shape, device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_odd_lengths_gqa_mask_causal(dtype):
+    q, k, v = randn(2, 4, 197, 64, dtype=dtype), randn(2, 2, 77, 64, dtype=dtype), randn(2, 2, 77, 64, dtype=dtype)
+    mask = randn(4, 1, 77)
+    for algorithm in algorithms(dtype):
+        check(q, k, v, schedule=algorithm)
+        check(q, k, v, mask, causal=True, schedule=algorithm)
+        check(q, k, v, causal="bottom_right", schedule=algorithm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_head_dims(dtype, d):
+    q, k, v = randn(3, 2, 150, d, dtype=dtype), randn(3, 2, 333, d, dtype=dtype), randn(3, 2, 333, d, dtype=dtype)
+    for algorithm in algorithms(dtype):
+        check(q, k, v, schedule=algorithm)
+        check(q, k, v, causal=True, schedule=algorithm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sq_longer_than_sk_and_hidden_rows(dtype):
+    q, k, v = randn(1, 2, 300, 64, dtype=dtype), randn(1, 2, 100, 64, dtype=dtype), randn(1, 2, 100, 64, dtype=dtype)
+    mask = torch.zeros(300, 100, device="cuda", dtype=dtype)
+    mask[7] = float("-inf")
+    for algorithm in algorithms(dtype):
+        out = check(q, k, v, causal="bottom_right", schedule=algorithm)
+        assert torch.all(out[:, :, :200] == 0)
+        out = check(q, k, v, mask, schedule=algorithm)
+        assert torch.all(out[:, :, 7] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_large_logits(dtype):
+    q, k, v = randn(2, 2, 130, 64, dtype=dtype), randn(2, 2, 190, 64, dtype=dtype), randn(2, 2, 190, 64, dtype=dtype)
+    mask = torch.full((130, 190), 1000.0, device="cuda", dtype=dtype)
+    for algorithm in algorithms(dtype):
+        check(q, k, v, mask, schedule=algorithm, tol=2e-4 if dtype == torch.float32 else None)
+        check(q, k, v, scale=1.0, schedule=algorithm, tol=1e-3 if dtype == torch.float32 else 4e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_unaligned_views(dtype):
+    shape = (2, 2, 97, 64)
+    n = 2 * 2 * 97 * 64
+    q, k, v = (randn(n + 1, dtype=dtype)[1:].view(shape) for _ in range(3))
+    assert q.data_ptr() % 16
+    for algorithm in algorithms(dtype):
+        check(q, k, v, schedule=algorithm)
+
+
+def test_seed_shape_matches_sdpa():
+    for dtype in (torch.float32, torch.float16):
+        q, k, v = randn(256, 128, 64, dtype=dtype), randn(256, 128, 64, dtype=dtype), randn(256, 128, 64, dtype=dtype)
+        out = check(q, k, v)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        assert float((out.double() - sdpa.double()).abs().max()) <= 4 * TOL[dtype] * float(sdpa.abs().max())
+
+
+def test_long_sequence_matrix_cores():
+    q, k, v = (randn(2, 16, 2048, 64, dtype=torch.float16) for _ in range(3))
+    check(q, k, v)
+    check(q, k, v, causal=True)
+    op = get_op("attention")
+    specs = {"q": TensorSpec(tuple(q.shape), "float16"), "k": TensorSpec(tuple(k.shape), "float16"),
+             "v": TensorSpec(tuple(v.shape), "float16"), "mask": None}
+    schedule = op.heuristic(op.make_problem(specs, {}), jitops.get_backend().device)
+    if jitops.get_backend().device.matrix_cores:
+        assert schedule.algorithm == "fused_mma"
+
+
+def test_non_default_stream_and_graph_capture():
+    q, k, v = (randn(4, 8, 256, 64, dtype=torch.float16) for _ in range(3))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        q.mul_(0.5)
+        out = jitops.attention(q, k, v)
+    s.synchronize()
+    ref = reference(q, k, v)
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) <= TOL[torch.float16]
+    for schedule in (None, "three_stage"):
+        g = torch.cuda.CUDAGraph()
+        res = torch.empty_like(q)
+        jitops.attention(q, k, v, out=res, schedule=schedule)
+        with torch.cuda.graph(g):
+            jitops.attention(q, k, v, out=res, schedule=schedule)
+        res.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert float((res.double() - ref).abs().max() / ref.abs().max()) <= TOL[torch.float16]
