@@ -42,7 +42,11 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
         raise ArgumentError("schedule", "a jitops Schedule or an algorithm name", type(forced).__name__, op=op.NAME)
     found = record_store().lookup(device, op.NAME, problem.key())
     if found is not None:
-        return found
+        try:   # a record from another jitops version may name parameters the op no longer takes
+            op.plan(problem, found[0], device)
+            return found
+        except Exception as exc:
+            log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), exc)
     return op.heuristic(problem, device), "heuristic"
 
 
