@@ -10,6 +10,8 @@ binary on disk and launches it on the caller's arrays and stream.
 from __future__ import annotations
 
 import logging
+from types import ModuleType as _ModuleType
+from typing import TYPE_CHECKING, Any as _Any
 
 from ._version import __version__
 from .api import attention, batch_norm, conv2d, group_norm, layer_norm, leaky_relu, rms_norm
@@ -20,11 +22,20 @@ from .errors import (ArgumentError, BackendUnavailable, CompileError, DeviceRequ
 from .ops.base import Schedule
 from .runtime import get_backend, use_backend
 
+if TYPE_CHECKING:
+    from .tuning import TuneResult
+
 logging.getLogger("jitops").addHandler(logging.NullHandler())
+
+
+def tune(op: "str | _ModuleType", problem: "_Any" = None, **kwargs: "_Any") -> "TuneResult":
+    """Tune one op problem on this device and record the winner; see jitops.tuning.tune."""
+    from .tuning import tune as _tune
+    return _tune(op, problem, **kwargs)
 
 __all__ = [
     "__version__", "leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm",
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
-    "LaunchError", "ScheduleError",
+    "LaunchError", "ScheduleError", "tune",
 ]

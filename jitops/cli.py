@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--algorithms", choices=("all", "heuristic"), default="all",
                    help="time every applicable algorithm (default) or the scheduler's pick only")
     s.set_defaults(func=cmd_bench)
+
+    from .tuning.cli import add_subcommands as add_tuning_subcommands   # tune, records
+    add_tuning_subcommands(sub)
     return p
 
 

@@ -1,0 +1,103 @@
+"""The vendor's time for the same problem (torch, which calls cuDNN / cuBLAS / its own kernels).
+
+Only for the summary table: "where available" means a GPU backend with a CUDA/ROCm torch. Timed
+the way the tuner times jitops (per-call events, L2 flushed before each call), so the columns
+compare. Problems are read through their inputs() and a few attribute names; an op whose problem
+this does not understand gets no vendor time rather than a wrong one.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Any, Callable
+
+from .measure import flush_bytes
+
+log = logging.getLogger("jitops.tune")
+
+Builder = Callable[[Any, dict[str, Any], Any], Callable[[], Any]]
+
+
+def _activation(p: Any, F: Any, y: Any) -> Any:
+    act = getattr(p, "activation", None)
+    if act == "relu":
+        return F.relu(y)
+    if act == "leaky_relu":
+        return F.leaky_relu(y, getattr(p, "alpha", 0.01))
+    return y
+
+
+def _conv2d(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    F = torch.nn.functional
+    top, left, bottom, right = p.pad
+    x, w, b = t["x"], t["w"], t.get("bias")
+    if (top, left) == (bottom, right):
+        return lambda: _activation(p, F, F.conv2d(x, w, b, p.stride, (top, left), p.dilation, p.groups))
+    return lambda: _activation(p, F, F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, p.stride, 0, p.dilation,
+                                              p.groups))
+
+
+def _batch_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    F = torch.nn.functional
+    var = t["var"].abs() + 0.5
+    return lambda: _activation(p, F, F.batch_norm(t["x"], t["mean"], var, t.get("gamma"), t.get("beta"),
+                                                  training=False, eps=p.eps))
+
+
+def _attention(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    F = torch.nn.functional
+    causal = str(getattr(p, "causal", "none")).lower() not in ("none", "false", "0")
+    gqa = getattr(p, "kv_heads", 1) != getattr(p, "heads", 1)
+    mask = t.get("mask")
+    if mask is not None and mask.dtype != t["q"].dtype:
+        mask = mask.to(t["q"].dtype)
+    kw = {"enable_gqa": True} if gqa else {}
+    return lambda: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=mask, is_causal=causal,
+                                                  scale=p.scale, **kw)
+
+
+BUILDERS: dict[str, Builder] = {
+    "leaky_relu": lambda p, t, torch: (lambda: torch.nn.functional.leaky_relu(t["x"], p.alpha)),
+    "conv2d": _conv2d,
+    "batch_norm": _batch_norm,
+    "group_norm": lambda p, t, torch: (lambda: torch.nn.functional.group_norm(
+        t["x"], p.groups, t.get("gamma"), t.get("beta"), p.eps)),
+    "layer_norm": lambda p, t, torch: (lambda: torch.nn.functional.layer_norm(
+        t["x"], p.normalized_shape, t.get("gamma"), t.get("beta"), p.eps)),
+    "rms_norm": lambda p, t, torch: (lambda: torch.nn.functional.rms_norm(
+        t["x"], p.normalized_shape, t.get("gamma"), p.eps)),
+    "attention": _attention,
+}
+
+
+def time_torch(fn: Callable[[], Any], torch: Any, flush: int, reps: int = 25) -> float:
+    """Median per-call time (us), device events around each call, L2 flushed before each."""
+    buf = torch.empty(max(flush, 1), dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        buf.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+
+
+def vendor_us(op: str, problem: Any, backend: Any) -> float | None:
+    """The torch equivalent's time on this GPU, or None when there is none to compare with."""
+    build = BUILDERS.get(op)
+    if build is None or backend.name not in ("cuda", "hip"):
+        return None
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        tensors = {n: torch.randn(s.shape, dtype=getattr(torch, s.dtype), device="cuda")
+                   for n, s in problem.inputs().items() if s is not None}
+        fn = build(problem, tensors, torch)
+        return time_torch(fn, torch, flush_bytes(backend.device))
+    except Exception as exc:   # no torch, an op torch lacks (rms_norm before 2.4), a field this does not know
+        log.info("no vendor time for %s %s: %s", op, problem.key(), exc)
+        return None

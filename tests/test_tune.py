@@ -1,0 +1,220 @@
+"""The tuner on the CPU emulator: end to end, record reuse, planted failures, compile timeouts, budget."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops import config, engine, records
+from jitops.ops import get_op
+from jitops.ops.base import Plan, Schedule, TensorSpec
+from jitops.records import store
+from jitops.runtime import get_backend, use_backend
+from jitops.tuning import problem_from_args, space
+from jitops.tuning.compile_pool import CompileJob, CompilePool
+from jitops.tuning.tuner import TuneOptions, tune_problems
+
+LR = get_op("leaky_relu")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    user = tmp_path / "records" / "user.json"
+    shipped = tmp_path / "schedules"
+    shipped.mkdir()
+    monkeypatch.setattr(records, "user_records_path", lambda: user)
+    monkeypatch.setattr(config, "schedules_dir", lambda: shipped)
+    store().invalidate()
+    engine.clear_prepared()
+    yield user
+    store().invalidate()
+    engine.clear_prepared()
+
+
+@pytest.fixture
+def cpu():
+    backend = get_backend("cpu", warp_size=32)
+    with use_backend(backend):
+        yield backend
+
+
+def test_tune_end_to_end_on_the_emulator_then_reuse(cpu, isolated):
+    t0 = time.monotonic()
+    r = jitops.tune("leaky_relu", x=(4096,), dtype="float32", max_candidates=4, workers=2, budget=None)
+    assert r.source == "tuned" and r.schedule is not None
+    assert r.time_us and r.heuristic_us and r.time_us <= r.heuristic_us
+    assert len(r.candidates) == 4 and all(c.status == "ok" for c in r.candidates)
+    winner = next(c for c in r.candidates if c.schedule == r.schedule)
+    assert winner.checked is True             # checked before it could win
+    rec = json.loads(isolated.read_text())["records"][0]
+    assert rec["arch"] == "cpu-w32" and rec["op"] == "leaky_relu" and rec["problem"] == r.key
+    assert rec["check"]["passed"] and rec["check"]["reference"] == "float64"
+    assert rec["heuristic"]["time_us"] > 0 and len(rec["runners_up"]) == 3 and rec["jitops"] == jitops.__version__
+    first = time.monotonic() - t0
+
+    # Later calls of the same problem use the winner.
+    sched, origin = engine.select_schedule(LR, r.problem, cpu.device)
+    assert (sched, origin) == (r.schedule, "user")
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    np.testing.assert_array_equal(jitops.leaky_relu(x), np.where(x > 0, x, np.float32(0.01) * x))
+
+    # Tuning again answers from the record, without compiling or timing anything.
+    t1 = time.monotonic()
+    again = jitops.tune("leaky_relu", x=(4096,), dtype="float32")
+    assert again.source == "record (user)" and again.schedule == r.schedule and again.time_us == rec["time_us"]
+    reuse = time.monotonic() - t1
+    assert reuse < min(1.0, first / 3), (reuse, first)
+    forced = jitops.tune("leaky_relu", x=(4096,), dtype="float32", max_candidates=2, force=True, save=False)
+    assert forced.source == "tuned"
+
+
+def test_problem_from_arrays_matches_the_spec_form():
+    x = np.zeros((16, 256), dtype=np.float16)
+    a = problem_from_args(LR, x=x, alpha=0.2)
+    b = problem_from_args(LR, x="4096", dtype="float16", alpha="0.2")
+    c = problem_from_args(LR, x=TensorSpec((4096,), "float16"), alpha=0.2)
+    assert a.key() == b.key() == c.key()
+    with pytest.raises(TypeError):
+        problem_from_args(LR, a, x=x)
+
+
+# ---------------------------------------------------------------- planted failures
+
+def _fake_op() -> types.ModuleType:
+    """leaky_relu with four extra candidates: one that does not compile, one that is fast and
+    wrong (covers a sliver of the tensor; the rest stays NaN), one the op cannot plan, and one that
+    asks for more threads than a block may have."""
+    op = types.ModuleType("fake_leaky")
+    op.NAME, op.INPUTS = "fake_leaky", LR.INPUTS
+    for name in ("make_problem", "parse_problem", "heuristic", "reference", "random_inputs", "tolerance"):
+        setattr(op, name, getattr(LR, name))
+    broken = Schedule.make("broken")
+    fast_wrong = Schedule.make("fast_wrong")
+    unplannable = Schedule.make("unplannable")
+    too_big = Schedule.make("too_big")
+
+    def candidates(problem, device):
+        return [fast_wrong, broken, unplannable, too_big, LR.heuristic(problem, device, "naive")]
+
+    def plan(problem, schedule, device):
+        if schedule.algorithm in ("vectorized", "naive"):
+            return LR.plan(problem, schedule, device)
+        base = LR.plan(problem, Schedule.make("naive", block=256), device).launches[0]
+        params = dict(base.params)
+        if schedule.algorithm == "broken":
+            params["ctype"] = "this_is_not_a_type"
+            return Plan((replace(base, params=tuple(sorted(params.items()))),))
+        if schedule.algorithm == "fast_wrong":
+            return Plan((replace(base, grid=(1, 1, 1)),))
+        if schedule.algorithm == "too_big":
+            return Plan((replace(base, block=(4096, 1, 1)),))
+        raise jitops.ScheduleError("this schedule does not apply")
+
+    op.candidates, op.plan = candidates, plan
+    return op
+
+
+def test_failing_candidates_never_win(cpu, isolated):
+    op = _fake_op()
+    problem = op.make_problem({"x": TensorSpec((8192,), "float32")}, {"alpha": 0.1})
+    [r] = tune_problems([(op, problem)], cpu, TuneOptions(budget_s=None, workers=2, top_k=6))
+    status = {c.schedule.algorithm: c.status for c in r.candidates}
+    assert status == {"vectorized": "ok", "fast_wrong": "wrong", "broken": "compile_failed",
+                      "unplannable": "pruned", "too_big": "pruned", "naive": "ok"}
+    by = {c.schedule.algorithm: c for c in r.candidates}
+    assert "not_a_type" in by["broken"].detail or "error" in by["broken"].detail.lower()
+    assert "threads per block" in by["too_big"].detail and "does not apply" in by["unplannable"].detail
+    assert "NaN" in by["fast_wrong"].detail or "nan" in by["fast_wrong"].detail
+    assert r.source == "tuned" and r.schedule.algorithm in ("vectorized", "naive")
+    rec = store().user_records()[0]
+    assert rec["schedule"]["algorithm"] in ("vectorized", "naive") and rec["check"]["passed"]
+    assert rec["candidates"]["wrong"] == 1 and rec["candidates"]["compile_failed"] == 1
+    assert all(u["schedule"]["algorithm"] in ("vectorized", "naive") for u in rec["runners_up"])
+
+
+def test_no_record_when_nothing_passes(cpu, isolated):
+    op = _fake_op()
+    op.candidates = lambda problem, device: [Schedule.make("fast_wrong")]
+    op.heuristic = lambda problem, device, algorithm=None: Schedule.make("fast_wrong")
+    problem = op.make_problem({"x": TensorSpec((4096,), "float32")}, {"alpha": 0.1})
+    [r] = tune_problems([(op, problem)], cpu, TuneOptions(budget_s=None, workers=1))
+    assert r.source == "failed" and r.schedule is None and "passed the check" in r.error
+    assert store().user_records() == []
+
+
+# ---------------------------------------------------------------- compile pool
+
+_FAKE_WORKER = r"""
+import json, sys, time
+for line in sys.stdin:
+    job = json.loads(line)
+    if "slow" in job["label"]:
+        time.sleep(60)
+    if "crash" in job["label"]:
+        sys.exit(3)
+    print(json.dumps({"id": job["id"], "ok": "bad" not in job["label"], "seconds": 0.0, "key": job["id"],
+                      "error": "planted error", "resources": {"k": {"registers": 255}}}), flush=True)
+"""
+
+
+def test_pool_times_out_and_survives_crashes(cpu):
+    jobs = [CompileJob(f"key{i}", "src", ("k",), label) for i, label in
+            enumerate(["ok", "slow", "ok2", "bad", "crash", "ok3"])]
+    t0 = time.monotonic()
+    with CompilePool(cpu, workers=2, timeout_s=1.5, command=[sys.executable, "-c", _FAKE_WORKER]) as pool:
+        out = pool.run(jobs)
+    assert time.monotonic() - t0 < 30
+    assert {k: o.status for k, o in out.items()} == {"key0": "ok", "key1": "timeout", "key2": "ok", "key3": "failed",
+                                                      "key4": "failed", "key5": "ok"}
+    assert "timed out" in out["key1"].error and "worker died" in out["key4"].error
+    assert out["key0"].resources == {"k": {"registers": 255}}
+
+
+def test_pool_deadline_skips_the_rest(cpu):
+    jobs = [CompileJob(f"key{i}", "src", ("k",), "slow" if i == 0 else "ok") for i in range(4)]
+    with CompilePool(cpu, workers=1, timeout_s=60, command=[sys.executable, "-c", _FAKE_WORKER]) as pool:
+        out = pool.run(jobs, deadline=time.monotonic() + 1.0)
+    assert {o.status for o in out.values()} == {"skipped"} and len(out) == 4
+
+
+def test_register_report_prunes(cpu):
+    """ptxas -v says 255 registers: 255 x 512 threads does not fit a 64K register file."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.tuning.compile_pool import CompileOutcome
+    from jitops.tuning.worker import parse_ptxas
+    log = ("ptxas info    : Compiling entry function 'leaky_relu_vectorized' for 'sm_90'\n"
+           "ptxas info    : Function properties for leaky_relu_vectorized\n"
+           "    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, 372 bytes cmem[0]")
+    res = parse_ptxas(log)
+    assert res == {"leaky_relu_vectorized": {"registers": 255, "spill_bytes": 8}}
+    dev = KNOWN_TARGETS["sm_90"]
+    problem = LR.make_problem({"x": TensorSpec((1 << 20,), "float32")}, {"alpha": 0.1})
+    c = space.Candidate(Schedule.make("vectorized", vec=4, unroll=1, block=512, waves=0))
+    c.plan = LR.plan(problem, c.schedule, dev)
+    c.jobs = [CompileJob("k1", "", ("leaky_relu_vectorized",), "x")]
+    space.apply_compile_outcomes([c], {"k1": CompileOutcome("k1", "ok", resources=res)}, dev)
+    assert c.status == "pruned" and "255 registers x 512 threads" in c.detail
+
+
+def test_thin_keeps_every_algorithm():
+    scheds = [Schedule.make("a", i=i) for i in range(50)] + [Schedule.make("b", i=i) for i in range(3)]
+    kept = space.thin(scheds, 10)
+    assert len(kept) == 10 and {s.algorithm for s in kept} == {"a", "b"}
+    assert Schedule.make("a", i=0) in kept and Schedule.make("a", i=25) in kept
+
+
+def test_budget_cuts_timing_but_measures_the_heuristic(cpu, isolated, monkeypatch):
+    problem = LR.make_problem({"x": TensorSpec((4096,), "float32")}, {"alpha": 0.01})
+    opts = TuneOptions(budget_s=None, workers=2, max_candidates=3, save=False)
+    tune_problems([(LR, problem)], cpu, opts)           # compile (cached from here on)
+    opts = replace(opts, budget_s=1e-3)
+    [r] = tune_problems([(LR, problem)], cpu, opts)
+    assert r.source == "tuned" and r.schedule == r.heuristic
+    assert sorted(c.status for c in r.candidates) == ["ok", "skipped", "skipped"]
