@@ -9,24 +9,11 @@ Needs the `onnx` package; sessions need `onnxruntime` (>= 1.17; CI runs 1.22 and
 """
 from __future__ import annotations
 
-from typing import Any
-
+from .native import library_path
 from .nodes import NodeProblem, map_nodes, supported_nodes
 from .optypes import DOMAIN, OP_TYPES
+from .rewrite import rewrite
+from .session import register, session
 
-__all__ = ["NodeProblem", "map_nodes", "supported_nodes", "rewrite", "session", "library_path", "DOMAIN",
-           "OP_TYPES"]
-
-
-def __getattr__(name: str) -> Any:
-    # rewrite/session pull in onnx helpers and onnxruntime only when used.
-    if name == "rewrite":
-        from .rewrite import rewrite
-        return rewrite
-    if name == "session":
-        from .session import session
-        return session
-    if name == "library_path":
-        from .native import library_path
-        return library_path
-    raise AttributeError(f"module 'jitops.onnx' has no attribute '{name}'")
+__all__ = ["NodeProblem", "map_nodes", "supported_nodes", "rewrite", "session", "register", "library_path",
+           "DOMAIN", "OP_TYPES"]

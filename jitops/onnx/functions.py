@@ -55,31 +55,41 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
     refs = (_ref("num_groups", "int"), _ref("epsilon", "float"))
     if opset >= 21:
         return [_node("GroupNormalization", ["X", "scale", "B"], ["Y"], refs)]
-    # GroupNormalization-18 takes scale and bias per group: normalise with ones/zeros, then apply the
-    # per-channel scale and bias, broadcast over the spatial dims (any rank).
+    # Before opset 21 (GroupNormalization-18 took per-group scale and is deprecated) the body spells
+    # it out: statistics per [N, G, C/G * spatial] row in float32, then the per-channel scale and bias.
     from onnx import helper
-    one_f = helper.make_tensor("one", 1, [1], [1.0])
-    zero_f = helper.make_tensor("zero", 1, [1], [0.0])
     return [
+        _node("Cast", ["X"], ["xf"], to=1),
         _node("Constant", [], ["g"], (_ref("num_groups", "int", "value_int"),)),
         _node("Constant", [], ["one_shape"], value_ints=[1]),
-        _node("Reshape", ["g", "one_shape"], ["g_shape"]),
-        _node("ConstantOfShape", ["g_shape"], ["ones32"], value=one_f),
-        _node("ConstantOfShape", ["g_shape"], ["zeros32"], value=zero_f),
-        _node("CastLike", ["ones32", "X"], ["ones"]),
-        _node("CastLike", ["zeros32", "X"], ["zeros"]),
-        _node("GroupNormalization", ["X", "ones", "zeros"], ["normed"], refs),
+        _node("Reshape", ["g", "one_shape"], ["g1"]),
+        _node("Constant", [], ["zero"], value_ints=[0]),
+        _node("Constant", [], ["minus_one"], value_ints=[-1]),
+        _node("Concat", ["zero", "g1", "minus_one"], ["rows_shape"], axis=0),
+        _node("Reshape", ["xf", "rows_shape"], ["rows"]),
+        _node("Constant", [], ["axis2"], value_ints=[2]),
+        _node("ReduceMean", ["rows", "axis2"], ["mean"], keepdims=1),
+        _node("Sub", ["rows", "mean"], ["centered"]),
+        _node("Mul", ["centered", "centered"], ["squared"]),
+        _node("ReduceMean", ["squared", "axis2"], ["var"], keepdims=1),
+        _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
+        _node("Add", ["var", "eps"], ["var_eps"]),
+        _node("Sqrt", ["var_eps"], ["std"]),
+        _node("Div", ["centered", "std"], ["normed_rows"]),
         _node("Shape", ["X"], ["x_shape"]),
+        _node("Reshape", ["normed_rows", "x_shape"], ["normed"]),
         _node("Shape", ["x_shape"], ["rank"]),
         _node("Constant", [], ["two"], value_ints=[2]),
         _node("Sub", ["rank", "two"], ["tail_rank"]),
         _node("ConstantOfShape", ["tail_rank"], ["tail_ones"], value=helper.make_tensor("i1", 7, [1], [1])),
-        _node("Constant", [], ["minus_one"], value_ints=[-1]),
         _node("Concat", ["minus_one", "tail_ones"], ["param_shape"], axis=0),
-        _node("Reshape", ["scale", "param_shape"], ["scale_b"]),
-        _node("Reshape", ["B", "param_shape"], ["bias_b"]),
+        _node("Cast", ["scale"], ["scale_f"], to=1),
+        _node("Cast", ["B"], ["bias_f"], to=1),
+        _node("Reshape", ["scale_f", "param_shape"], ["scale_b"]),
+        _node("Reshape", ["bias_f", "param_shape"], ["bias_b"]),
         _node("Mul", ["normed", "scale_b"], ["scaled"]),
-        _node("Add", ["scaled", "bias_b"], ["Y"]),
+        _node("Add", ["scaled", "bias_b"], ["yf"]),
+        _node("CastLike", ["yf", "X"], ["Y"]),
     ]
 
 

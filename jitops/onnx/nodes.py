@@ -87,7 +87,7 @@ def _wanted_ops(ops: Iterable[str] | None) -> set[str] | None:
     return out
 
 
-def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int]) -> NodeProblem:
+def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: Namer) -> NodeProblem:
     t = OP_TYPES[cand.op_type]
     cand.nodes = sorted(cand.nodes, key=lambda n: order.get(id(n), -1))
     specs: dict[str, TensorSpec | None] = {}
@@ -104,6 +104,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int]) -> Node
             specs[jname] = None
             continue
         specs[jname] = TensorSpec(tuple(int(s) for s in shape), dtype)
+    if not reason:
+        reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
     problem, attrs = None, {}
     if not reason and t.op not in op_names():
         reason = f"jitops op '{t.op}' is not available in this build"
@@ -118,6 +120,34 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int]) -> Node
         op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
         node_inputs=tuple(cand.inputs), node_output=cand.output, node_attrs=dict(cand.attrs),
         constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes))
+
+
+def _unify_dtypes(view: GraphView, cand: Candidate, names: Sequence[str], specs: dict[str, TensorSpec | None],
+                  namer: Namer) -> str:
+    """Give constant parameters the first input's dtype (ORT binds one element type per kernel).
+
+    A float32 scale next to float16 data is cast at rewrite time when it is a constant; a
+    non-constant input of another dtype keeps the node in ONNX. Returns the reason, or ''.
+    """
+    first = specs.get(names[0])
+    if first is None:
+        return ""
+    for i, jname in enumerate(names[1:], start=1):
+        spec = specs.get(jname)
+        if spec is None or spec.dtype == first.dtype:
+            continue
+        vname = cand.inputs[i]
+        value = cand.constants.get(vname)
+        if value is None:
+            value = view.constant(vname)
+        if value is None or first.dtype not in ("float32", "float16"):
+            return (f"input '{jname}' is {spec.dtype} while '{names[0]}' is {first.dtype} "
+                    f"(mixed dtypes are taken only for constant parameters)")
+        new = namer(vname, first.dtype)
+        cand.constants[new] = np.asarray(value).astype(first.dtype)
+        cand.inputs[i] = new
+        specs[jname] = TensorSpec(spec.shape, first.dtype)
+    return ""
 
 
 def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -150,7 +180,7 @@ def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
             if isinstance(match, Rejection):
                 first_failure = first_failure or _rejected(match)
                 continue
-            result = _problem(view, match, order)
+            result = _problem(view, match, order, namer)
             if result.supported:
                 chosen = result
                 break

@@ -1,0 +1,73 @@
+"""Small ONNX models and comparisons for testing the rewrite against ONNX Runtime's own kernels."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+ELEM = {"float32": 1, "float16": 10, "int64": 7, "bool": 9}
+
+
+def tensor_info(name: str, shape: Sequence[int | str] | None, dtype: str = "float32") -> Any:
+    from onnx import helper
+    return helper.make_tensor_value_info(name, ELEM[dtype], list(shape) if shape is not None else None)
+
+
+def single_op_model(op: str, inputs: Mapping[str, Sequence[int] | None], constants: Mapping[str, np.ndarray],
+                    attrs: Mapping[str, Any] | None = None, opset: int = 21, dtype: str = "float32",
+                    node_inputs: Sequence[str] | None = None, output_shape: Sequence[int | str] | None = None,
+                    ir_version: int = 10) -> Any:
+    """One `op` node reading graph inputs `inputs` (name -> shape) and initializers `constants`."""
+    from onnx import helper, numpy_helper
+    names = list(node_inputs) if node_inputs is not None else [*inputs, *constants]
+    node = helper.make_node(op, names, ["y"], **dict(attrs or {}))
+    graph = helper.make_graph([node], f"{op.lower()}_test", [tensor_info(n, s, dtype) for n, s in inputs.items()],
+                              [tensor_info("y", output_shape, dtype)],
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    if output_shape is None:    # declare the output as shape inference sees it
+        from onnx import shape_inference
+        inferred = shape_inference.infer_shapes(model)
+        for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+            if vi.name == "y" and vi.type.tensor_type.HasField("shape"):
+                model.graph.output[0].CopyFrom(vi)
+                break
+        else:   # ops onnx cannot infer here (GroupNormalization) keep their input's shape
+            model.graph.output[0].CopyFrom(model.graph.input[0])
+            model.graph.output[0].name = "y"
+    return model
+
+
+def ort_session(model: Any, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
+    """A plain ONNX Runtime session (no jitops), graph optimizations off so ORT's kernels run as written."""
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=list(providers))
+
+
+def run_native(model: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    return ort_session(model).run(None, dict(feeds))
+
+
+def ort_supports_opset(opset: int) -> bool:
+    """Whether the installed onnxruntime runs models of this default-domain opset."""
+    import onnxruntime as ort
+    from onnx import helper
+    try:
+        x = tensor_info("x", [1])
+        model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
+                                                    [tensor_info("y", [1])]),
+                                  opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 10
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return True
+    except Exception:
+        return False
+
+
+def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
+    return float(np.abs(got - ref).max(initial=0.0) / scale)
