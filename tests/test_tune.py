@@ -215,6 +215,8 @@ def test_budget_cuts_timing_but_measures_the_heuristic(cpu, isolated, monkeypatc
     opts = TuneOptions(budget_s=None, workers=2, max_candidates=3, save=False)
     tune_problems([(LR, problem)], cpu, opts)           # compile (cached from here on)
     opts = replace(opts, budget_s=1e-3)
-    [r] = tune_problems([(LR, problem)], cpu, opts)
+    other = LR.make_problem({"x": TensorSpec((8192,), "float32")}, {"alpha": 0.01})
+    r, r2 = tune_problems([(LR, problem), (LR, other)], cpu, opts)
     assert r.source == "tuned" and r.schedule == r.heuristic
     assert sorted(c.status for c in r.candidates) == ["ok", "skipped", "skipped"]
+    assert r2.source == "skipped" and r2.schedule is None and "budget" in r2.error

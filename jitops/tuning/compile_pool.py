@@ -137,15 +137,16 @@ class CompilePool:
             if on_done is not None:
                 on_done(outcome)
 
-        def restart(i: int) -> None:
+        def restart(i: int, respawn: bool = True) -> None:
             old = self._workers[i]
             try:
                 sel.unregister(old.proc.stdout)
             except (KeyError, ValueError):
                 pass
             old.kill()
-            self._workers[i] = _Worker(self.command)
-            sel.register(self._workers[i].proc.stdout, selectors.EVENT_READ, i)
+            if respawn:
+                self._workers[i] = _Worker(self.command)
+                sel.register(self._workers[i].proc.stdout, selectors.EVENT_READ, i)
 
         for i, w in enumerate(self._workers):
             sel.register(w.proc.stdout, selectors.EVENT_READ, i)
@@ -158,7 +159,7 @@ class CompilePool:
                             finish(CompileOutcome(w.job.key, "skipped", now - w.started,
                                                   error="compile cut short: tuning budget spent"))
                             w.job = None
-                            restart(i)
+                            restart(i, respawn=False)
                     while queue:
                         finish(CompileOutcome(queue.popleft().key, "skipped",
                                               error="not compiled: tuning budget spent"))

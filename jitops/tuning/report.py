@@ -30,7 +30,7 @@ def summary_table(results: Sequence[TuneResult], counts: Sequence[int] | None = 
     for i, r in enumerate(results):
         n = counts[i] if counts else 1
         sp = r.speedup
-        sched = str(r.schedule) if r.schedule is not None else f"FAILED: {r.error}"
+        sched = str(r.schedule) if r.schedule is not None else f"{r.source.upper()}: {r.error}"
         lines.append(f"{i + 1:>3} {r.op:<11} {short_problem(r.problem):<52} {n:>2} {_us(r.heuristic_us):>9} "
                      f"{_us(r.time_us):>9} {('%.2fx' % sp) if sp else '-':>7} {_us(r.vendor_us):>9}  "
                      f"{sched} [{r.source}]")
@@ -41,11 +41,12 @@ def summary_footer(results: Sequence[TuneResult], seconds: float) -> str:
     tuned = [r for r in results if r.source == "tuned"]
     reused = [r for r in results if r.source.startswith("record")]
     failed = [r for r in results if r.source == "failed"]
+    skipped = [r for r in results if r.source == "skipped"]
     g_all = geomean(r.speedup for r in results if r.speedup)
     slower = [r for r in results if r.speedup is not None and r.speedup < 1.0]
     vend = geomean(r.vendor_us / r.time_us for r in results if r.vendor_us and r.time_us)
-    parts = [f"{len(results)} problems: {len(tuned)} tuned now, {len(reused)} from records, {len(failed)} failed; "
-             f"{seconds:.1f} s"]
+    parts = [f"{len(results)} problems: {len(tuned)} tuned now, {len(reused)} from records, {len(failed)} failed"
+             + (f", {len(skipped)} skipped (budget)" if skipped else "") + f"; {seconds:.1f} s"]
     if g_all:
         parts.append(f"geometric-mean speedup over the heuristic: {g_all:.3f}x "
                      f"({len(slower)} problem(s) slower than the heuristic)")

@@ -140,7 +140,8 @@ def apply_compile_outcomes(cands: list[Candidate], outcomes: dict[str, CompileOu
                 c.fail(TIMEOUT, out.error)
                 break
             if out.status == "skipped":
-                c.fail(SKIPPED, out.error)
+                if not c.is_heuristic:     # the heuristic is compiled on load, as a first call would
+                    c.fail(SKIPPED, out.error)
                 break
             if not out.ok:
                 c.fail(COMPILE_FAILED, out.error)

@@ -380,22 +380,57 @@ def tune_problems(items: Iterable[tuple[ModuleType, Any]], backend: Any = None,
             op, problem = items[i]
             share = None
             if deadline is not None:
-                share = time.monotonic() + max(0.0, deadline - time.monotonic()) / (len(order) - n)
-            results[i] = tune_candidates(op, problem, spaces[i], backend, opts, share)
-            r = results[i]
+                left = deadline - time.monotonic()
+                if left <= 0 and n > 0:     # the first problem always gets its heuristic measured
+                    results[i] = _skipped(op, problem, backend, spaces[i])
+                    pb.update(1)
+                    continue
+                share = time.monotonic() + left / (len(order) - n)
+            try:
+                results[i] = r = tune_candidates(op, problem, spaces[i], backend, opts, share)
+            except Exception as exc:   # the op's reference or inputs, a sticky device error: this problem only
+                log.error("%s %s: tuning failed: %s: %s", op.NAME, _describe(problem), type(exc).__name__, exc)
+                results[i] = r = TuneResult(op.NAME, problem.key(), problem, device_key(backend.device), None, None,
+                                            spaces[i][0].schedule, None, "failed",
+                                            error=f"{type(exc).__name__}: {exc}"[:300])
             log.info("%s %s: %s %s us (heuristic %s us) in %.1f s", op.NAME, _describe(problem), r.schedule,
                      _fmt(r.time_us), _fmt(r.heuristic_us), r.seconds)
+            if opts.save and r.record:
+                store().put([r.record])     # at once: an interrupted run keeps what it measured
             pb.update(1)
+    if opts.save and any(r.source == "tuned" for r in results.values()):
+        engine.clear_prepared()   # calls prepared before now re-select their schedule
     if opts.vendor:
         from .vendor import vendor_us
         for i, (op, problem) in enumerate(items):
             results[i].vendor_us = vendor_us(op.NAME, problem, backend)
-    new = [r.record for r in results.values() if r.source == "tuned" and r.record]
-    if opts.save and new:
-        store().put(new)
-        engine.clear_prepared()   # calls prepared before now re-select their schedule
     return [results[i] for i in range(len(items))]
+
+
+def _skipped(op: ModuleType, problem: Any, backend: Any, cands: list[space.Candidate]) -> TuneResult:
+    log.warning("%s %s: not tuned, the budget was spent before it (the heuristic stays)", op.NAME,
+                _describe(problem))
+    return TuneResult(op.NAME, problem.key(), problem, device_key(backend.device), None, None, cands[0].schedule,
+                      None, "skipped", error="tuning budget spent before this problem")
 
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def remeasure(op: ModuleType, problem: Any, schedules: Sequence[Schedule], backend: Any = None,
+              reps: int = 30) -> list[float]:
+    """Median times (us) of `schedules` on this problem, interleaved, measured afresh (to verify a tuning)."""
+    backend = backend or current_backend()
+    bench = ProblemBench(backend, op, problem)
+    try:
+        loaded = [bench.load(s) for s in schedules]
+        samples: list[list[float]] = [[] for _ in schedules]
+        for _ in range(max(1, reps // 5)):
+            for i, lo in enumerate(loaded):
+                samples[i] += bench.time_us(lo, 5, warmup=1)
+        for lo in loaded:
+            bench.release(lo)
+        return [median(s) for s in samples]
+    finally:
+        bench.close()

@@ -1,0 +1,121 @@
+"""Tune the benchmark problems (../shared/BENCHMARKS.md) and write schedules/<arch>.json.
+
+    python -m jitops.tuning.shipped --export schedules/sm_90.json            # on the GPU
+    python -m jitops.tuning.shipped --ops leaky_relu,conv2d --budget 300
+
+Problems are built the way the public functions build them (same attributes, so the same keys
+that calls look up). Ops whose modules are not in this build are left out and named.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from types import ModuleType
+from typing import Any, Iterator
+
+from ..ops import get_op, op_names
+from ..ops.base import TensorSpec
+
+log = logging.getLogger("jitops.tune")
+
+# conv2d: (name, N, Cin, H, W, Cout, k); seed 000 fp32 with padding k//2, seed 002 fp32 + fp16 with padding 1.
+CONV_SEED000 = [("small_1", 1, 3, 64, 64, 16, 3), ("mobilenet_like", 1, 64, 56, 56, 64, 3),
+                ("resnet_block", 1, 64, 56, 56, 128, 1), ("medium", 1, 32, 128, 128, 64, 3),
+                ("large_batch", 8, 64, 128, 128, 128, 3), ("large_spatial", 4, 64, 256, 256, 128, 3),
+                ("very_wide_pointwise", 1, 128, 32, 320, 256, 1), ("1x1_heavy_channels", 1, 512, 16, 16, 512, 1),
+                ("5x5_kernel", 1, 32, 64, 64, 64, 5)]
+CONV_SEED002 = [("k100_1", 16, 128, 64, 64, 27, 3), ("k100_2", 16, 256, 32, 32, 256, 3),
+                ("k100_3", 16, 64, 128, 128, 64, 3), ("k100_4", 2, 1920, 32, 32, 640, 3),
+                ("k100_5", 2, 640, 64, 64, 640, 3), ("k100_6", 2, 320, 64, 64, 4, 3)]
+NORM_ROWS = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192)]
+
+
+def _spec(shape: tuple[int, ...], dtype: str) -> TensorSpec:
+    return TensorSpec(tuple(shape), dtype)
+
+
+def _problems(op: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(name, inputs, attrs) as jitops.<op>() would pass them to make_problem."""
+    if op == "leaky_relu":
+        for dtype in ("float32", "float16"):
+            for k in range(6, 16):
+                yield f"n=4^{k} {dtype}", {"x": _spec((4 ** k,), dtype)}, {"alpha": 0.01}
+    elif op == "conv2d":
+        rows = [(r, "float32", r[6] // 2) for r in CONV_SEED000]
+        rows += [(r, dt, 1) for dt in ("float32", "float16") for r in CONV_SEED002]
+        for (name, n, cin, h, w, cout, k), dtype, pad in rows:
+            yield (f"{name} {dtype}", {"x": _spec((n, cin, h, w), dtype), "w": _spec((cout, cin, k, k), dtype),
+                                       "bias": None},
+                   {"stride": 1, "padding": pad, "dilation": 1, "groups": 1, "activation": None, "alpha": 0.01})
+    elif op == "attention":
+        for shape, dtype in (((256, 128, 64), "float32"), ((256, 128, 64), "float16"), ((8, 16, 2048, 64), "float16")):
+            s = _spec(shape, dtype)
+            yield f"{'x'.join(map(str, shape))} {dtype}", {"q": s, "k": s, "v": s, "mask": None}, \
+                {"causal": False, "scale": None}
+    elif op == "batch_norm":
+        c = _spec((64,), "float32")
+        yield "256x64x56x56", {"x": _spec((256, 64, 56, 56), "float32"), "mean": c, "var": c, "gamma": c,
+                               "beta": c}, {"eps": 1e-5, "activation": None, "alpha": 0.01}
+    elif op == "group_norm":
+        c = _spec((64,), "float32")
+        yield "256x64x56x56 G=32", {"x": _spec((256, 64, 56, 56), "float32"), "gamma": c, "beta": c}, \
+            {"num_groups": 32, "eps": 1e-5}
+    elif op in ("layer_norm", "rms_norm"):
+        for dtype in ("float32", "float16"):
+            for rows, hidden in NORM_ROWS:
+                g = _spec((hidden,), dtype)
+                inputs = {"x": _spec((rows, hidden), dtype), "gamma": g}
+                if op == "layer_norm":
+                    inputs["beta"] = g
+                yield f"{rows}x{hidden} {dtype}", inputs, {"normalized_shape": hidden,
+                                                           "eps": 1e-5 if op == "layer_norm" else 1e-6}
+
+
+BENCH_OPS = ("conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm", "leaky_relu")
+
+
+def benchmark_problems(ops: list[str] | None = None) -> list[tuple[str, ModuleType, Any]]:
+    """(name, op module, problem) for every benchmark problem whose op is in this build."""
+    present = set(op_names())
+    out = []
+    for op in ops or BENCH_OPS:
+        if op not in present:
+            log.warning("%s is not in this build: its benchmark problems are left out", op)
+            continue
+        mod = get_op(op)
+        for name, inputs, attrs in _problems(op):
+            out.append((name, mod, mod.make_problem(inputs, attrs)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..records import export_records, record_arch, store
+    from ..runtime import get_backend
+    from .report import summary_footer, summary_table
+    from .tuner import TuneOptions, tune_problems
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", help="comma-separated ops (default: every benchmark op in this build)")
+    p.add_argument("--budget", type=float, default=0.0, help="seconds for all of it (0: no limit)")
+    p.add_argument("--export", help="write this device's records (all of them, this arch) to this file")
+    p.add_argument("--max-candidates", type=int, default=256)
+    p.add_argument("--no-vendor", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    problems = benchmark_problems(args.ops.split(",") if args.ops else None)
+    backend = get_backend()
+    t0 = time.monotonic()
+    opts = TuneOptions(budget_s=args.budget or None, force=True, max_candidates=args.max_candidates,
+                       vendor=not args.no_vendor)
+    results = tune_problems([(m, pr) for _, m, pr in problems], backend, opts)
+    print(summary_table(results))
+    print(summary_footer(results, time.monotonic() - t0))
+    if args.export:
+        arch = record_arch(backend.device)
+        n = export_records(args.export, [r for r in store().user_records() if r["arch"] == arch])
+        print(f"wrote {n} records to {args.export}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
