@@ -93,13 +93,14 @@ def applicable(p: Conv2dProblem, algorithm: str) -> bool:
     if algorithm in WINOGRAD_M:
         return p.winograd_ok
     if algorithm == "split_k":
-        return p.gemm_k >= 64
+        return p.kh * p.kw * ceil_div(p.cin_g, 8) >= 2
     return algorithm in ALGORITHMS
 
 
 def _split_options(p: Conv2dProblem) -> list[int]:
-    ks = ceil_div(p.gemm_k, 8)
-    return [s for s in (2, 3, 4, 6, 8, 12, 16, 24, 32) if ks // s >= 4]
+    slices = p.kh * p.kw * ceil_div(p.cin_g, 8)
+    options = [s for s in (2, 3, 4, 6, 8, 12, 16, 24, 32) if slices // s >= 4]
+    return options or ([2] if slices >= 2 else [])
 
 
 def _direct_options(p: Conv2dProblem) -> list[Schedule]:
@@ -243,6 +244,8 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}")
     if algorithm == "naive":
         return Schedule.make("naive", why="one thread per output (the seeds' baseline)", block=256)
+    if algorithm == "implicit_gemm" and p.is_pointwise:
+        algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
     pool = [s for s in candidates(p, device) if s.algorithm != "naive"]
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]

@@ -1,0 +1,179 @@
+"""conv2d on a real GPU (pytest -m gpu): every algorithm, the 15 benchmark problems in fp32 and
+fp16, the cached Winograd filter transform under weight updates, streams and graph capture,
+numpy inputs, misaligned outputs and 64-bit offsets. References are float64 convolutions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops.bench.conv2d import PROBLEMS, reference_f64
+from jitops.ops import get_op
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+op = get_op("conv2d")
+F = torch.nn.functional
+# Tolerances relative to max |reference|, the same reasoning as tests/test_conv2d.py (larger K
+# here: up to 17280 for k100_4, sqrt(K) * 2^-24 ~ 8e-6 for fp32 sums).
+TOL = {"float32": 2e-5, "float16": 2e-3}
+TOL_WINOGRAD = {("float32", "winograd_2x2"): 5e-5, ("float32", "winograd_4x4"): 3e-4,
+                ("float16", "winograd_2x2"): 3e-3, ("float16", "winograd_4x4"): 5e-3}
+
+
+@pytest.fixture(autouse=True)
+def gpu_backend():
+    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
+    with jitops.use_backend(be):
+        torch.backends.cudnn.allow_tf32 = False
+        yield be
+
+
+def rand(*shape, dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
+
+
+def check(y, x, w, bias=None, tol=2e-5, **attrs):
+    act = attrs.pop("activation", None)
+    alpha = attrs.pop("alpha", 0.01)
+    ref = F.conv2d(x.double(), w.double(), None if bias is None else bias.double(), **attrs)
+    if act == "relu":
+        ref = F.relu(ref)
+    elif act == "leaky_relu":
+        ref = F.leaky_relu(ref, alpha)
+    assert not torch.isnan(y).any(), "unwritten output"
+    err = float((y.double() - ref).abs().max() / ref.abs().max())
+    assert err <= tol, err
+
+
+def tol_for(dtype, algorithm):
+    name = str(dtype).split(".")[-1]
+    return TOL_WINOGRAD.get((name, algorithm), TOL[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("algorithm", [None, "naive", "direct", "implicit_gemm", "split_k", "winograd_2x2",
+                                       "winograd_4x4"])
+def test_algorithms(dtype, algorithm):
+    x = rand(3, 24, 37, 30, dtype=dtype)
+    w = rand(40, 24, 3, 3, dtype=dtype, scale=0.2, seed=1)
+    b = rand(40, dtype=dtype, seed=2)
+    out = torch.full((3, 40, 37, 29), float("nan"), device="cuda", dtype=dtype)
+    y = jitops.conv2d(x, w, b, padding=(1, 0, 1, 1), activation="leaky_relu", alpha=0.1, out=out,
+                      schedule=algorithm)
+    torch.cuda.synchronize()
+    # padding (top 1, left 0, bottom 1, right 1) == F.pad(left 0, right 1, top 1, bottom 1), then no padding
+    check(y, F.pad(x, (0, 1, 1, 1)), w, b, tol_for(dtype, algorithm), activation="leaky_relu", alpha=0.1)
+
+
+@pytest.mark.parametrize("attrs, shapes", [
+    (dict(stride=2, padding=1), ((4, 32, 57, 57), (64, 32, 3, 3))),
+    (dict(dilation=2, padding=2), ((2, 16, 40, 40), (32, 16, 3, 3))),
+    (dict(groups=4, padding=1), ((2, 64, 28, 28), (64, 16, 3, 3))),
+    (dict(groups=96, padding=1), ((2, 96, 56, 56), (96, 1, 3, 3))),            # depthwise
+    (dict(groups=32, padding=2, stride=2), ((1, 32, 64, 64), (64, 1, 5, 5))),  # depthwise x2
+    (dict(padding=0), ((2, 256, 14, 14), (1024, 256, 1, 1))),
+    (dict(padding=3, stride=2), ((2, 3, 224, 224), (64, 3, 7, 7))),            # a ResNet stem
+])
+def test_shapes(attrs, shapes):
+    x = rand(*shapes[0])
+    w = rand(*shapes[1], scale=0.1, seed=3)
+    for algorithm in (None, "direct", "implicit_gemm"):
+        y = jitops.conv2d(x, w, schedule=algorithm, **attrs)
+        torch.cuda.synchronize()
+        check(y, x, w, tol=TOL["float32"], **attrs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cp", PROBLEMS, ids=[p.name for p in PROBLEMS])
+def test_benchmark_problems(cp, dtype):
+    x = rand(cp.n, cp.cin, cp.h, cp.w, dtype=dtype)
+    w = rand(cp.cout, cp.cin, cp.k, cp.k, dtype=dtype, scale=(cp.cin * cp.k * cp.k) ** -0.5, seed=4)
+    out = torch.full((cp.n, cp.cout, cp.h + 2 * cp.pad - cp.k + 1, cp.w + 2 * cp.pad - cp.k + 1), float("nan"),
+                     device="cuda", dtype=dtype)
+    jitops.conv2d(x, w, padding=cp.pad, out=out)
+    torch.cuda.synchronize()
+    p = op.make_problem({"x": _spec(x), "w": _spec(w)}, {"padding": cp.pad})
+    s = op.heuristic(p, jitops.get_backend().device)
+    ref = reference_f64(torch, x, w, cp.pad)               # float64 im2col + DGEMM: fast at every size
+    assert not torch.isnan(out).any(), "unwritten output"
+    err = float((out.double() - ref).abs().max() / ref.abs().max())
+    assert err <= tol_for(dtype, s.algorithm), (str(s), err)
+
+
+def _spec(t):
+    from jitops.ops.base import TensorSpec
+    return TensorSpec(tuple(t.shape), str(t.dtype).split(".")[-1])
+
+
+@pytest.mark.parametrize("algorithm", ["winograd_4x4", "winograd_2x2", "implicit_gemm"])
+def test_weight_updates_are_retransformed(algorithm):
+    x = rand(2, 32, 20, 20)
+    w = rand(48, 32, 3, 3, scale=0.1, seed=5)
+    for _ in range(2):
+        check(jitops.conv2d(x, w, padding=1, schedule=algorithm), x, w, tol=tol_for(torch.float32, algorithm),
+              padding=1)
+    w.mul_(-0.5).add_(0.01)                                  # in place: new version counter
+    check(jitops.conv2d(x, w, padding=1, schedule=algorithm), x, w, tol=tol_for(torch.float32, algorithm), padding=1)
+    w2 = rand(48, 32, 3, 3, scale=0.1, seed=6)               # another tensor
+    check(jitops.conv2d(x, w2, padding=1, schedule=algorithm), x, w2, tol=tol_for(torch.float32, algorithm),
+          padding=1)
+
+
+def test_stream_and_graph_capture():
+    x = rand(4, 64, 32, 32)
+    w = rand(64, 64, 3, 3, scale=0.05, seed=7)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        x.mul_(2.0)
+        y = jitops.conv2d(x, w, padding=1, schedule="winograd_4x4")
+    s.synchronize()
+    check(y, x, w, tol=3e-4, padding=1)
+    out = torch.empty_like(y)
+    jitops.conv2d(x, w, padding=1, out=out, schedule="winograd_4x4")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        jitops.conv2d(x, w, padding=1, out=out, schedule="winograd_4x4")
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    check(out, x, w, tol=3e-4, padding=1)
+
+
+def test_numpy_inputs_on_gpu_backend():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 17, 19)).astype(np.float32)
+    w = (rng.standard_normal((12, 8, 3, 3)) * 0.2).astype(np.float32)
+    for algorithm in (None, "winograd_4x4", "implicit_gemm"):
+        y = jitops.conv2d(x, w, padding=1, schedule=algorithm)
+        assert isinstance(y, np.ndarray)
+        check(torch.from_numpy(y).cuda(), torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda(), tol=3e-4,
+              padding=1)
+
+
+def test_misaligned_output_view():
+    x = rand(1, 16, 16, 16)
+    w = rand(8, 16, 1, 1, seed=8)
+    base = torch.full((8 * 256 + 1,), float("nan"), device="cuda")
+    out = base[1:].view(1, 8, 16, 16)                        # 4 bytes off a 16-byte boundary
+    jitops.conv2d(x, w, out=out, schedule="gemm_1x1")
+    torch.cuda.synchronize()
+    assert torch.isnan(base[:1]).all()
+    check(out, x, w, tol=TOL["float32"])
+
+
+def test_64_bit_offsets():
+    x = rand(1, 40, 7400, 7400, dtype=torch.float16)          # 2.19e9 elements
+    w = rand(4, 40, 1, 1, dtype=torch.float16, seed=9)
+    y = jitops.conv2d(x, w)
+    torch.cuda.synchronize()
+    tail = slice(7400 - 3, 7400)
+    check(y[:, :, tail, :], x[:, :, tail, :], w, tol=TOL["float16"])
+    del x, y
+    torch.cuda.empty_cache()
