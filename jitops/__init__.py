@@ -14,6 +14,7 @@ from types import ModuleType as _ModuleType
 from typing import TYPE_CHECKING, Any as _Any
 
 from ._version import __version__
+from .bundle import Bundle, BundleMismatch, load_bundle
 from .api import attention, batch_norm, conv2d, group_norm, layer_norm, leaky_relu, rms_norm
 from .device import DeviceInfo
 from .device_array import DeviceArray, empty, to_device
@@ -37,5 +38,9 @@ __all__ = [
     "__version__", "leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm",
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
-    "LaunchError", "ScheduleError", "tune",
+    "LaunchError", "ScheduleError", "tune", "load_bundle", "Bundle", "BundleMismatch",
 ]
+
+if __import__("os").environ.get("JITOPS_BUNDLE"):   # JITOPS_BUNDLE=DIR: load a compiled bundle now
+    from .bundle import load_from_env as _load_bundle_from_env
+    _load_bundle_from_env()

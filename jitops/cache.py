@@ -146,11 +146,15 @@ class KernelLoader:
         # Read-only binary sources consulted before compiling (compiled bundles).
         self.extra_sources: list[Callable[[str], bytes | None]] = []
         self.allow_compile = True
+        # (compiler id, options) to key binaries with, per (backend, arch): set by jitops.load_bundle so
+        # that the bundle's binaries are found where the local compiler differs or is absent.
+        self.compiler_ids: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self.disk_enabled = not config.env_flag(config.ENV_NO_CACHE)
 
     def key_for(self, backend: Any, source: str, kernel_names: Sequence[str]) -> str:
-        return cache_key(source, backend.compile_options(), backend.name, backend.device.arch,
-                         backend.compiler_id(), kernel_names)
+        pinned = self.compiler_ids.get((backend.name, backend.device.arch))
+        compiler, options = pinned or (backend.compiler_id(), backend.compile_options())
+        return cache_key(source, options, backend.name, backend.device.arch, compiler, kernel_names)
 
     def binary(self, backend: Any, source: str, kernel_names: Sequence[str], label: str,
                key: str | None = None) -> CompiledBinary:

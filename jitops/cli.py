@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tuning.cli import add_subcommands as add_tuning_subcommands   # tune, records
     add_tuning_subcommands(sub)
+    from .onnx.bundle_build import add_subcommand as add_bundle_subcommand   # bundle
+    add_bundle_subcommand(sub)
     return p
 
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from pathlib import Path
 
-from ..errors import JitopsError
+from ..errors import BackendUnavailable, JitopsError
 from ..runtime.hostcc import build_library
 from .optypes import DOMAIN, OP_TYPES
 
@@ -42,13 +42,31 @@ _lib: ctypes.CDLL | None = None
 _callbacks: tuple = ()   # kept alive for as long as the library may call them
 
 
+def sources_digest() -> str:
+    """Hash of the library's sources: what a prebuilt copy (in a bundle) must have been built from."""
+    h = hashlib.sha256()
+    for name in ("ort_abi.h", "jitops_ort.cc"):
+        h.update((SOURCE_DIR / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def library_path() -> Path:
-    """The custom-op library for ONNX Runtime (built with the host C++ compiler on first use)."""
-    header = (SOURCE_DIR / "ort_abi.h").read_bytes()
-    abi = hashlib.sha256(header).hexdigest()[:16]   # the header is part of what the library is built from
-    return build_library("libjitops_ort", [SOURCE_DIR / "jitops_ort.cc"],
-                         ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-                          f"-I{SOURCE_DIR}", f"-DJITOPS_ORT_ABI_{abi}"])
+    """The custom-op library for ONNX Runtime (built with the host C++ compiler on first use).
+
+    On a host without a compiler, the copy carried by a loaded bundle is used when it was built
+    from these same sources.
+    """
+    try:
+        return build_library("libjitops_ort", [SOURCE_DIR / "jitops_ort.cc"],
+                             ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+                              f"-I{SOURCE_DIR}", f"-DJITOPS_ORT_SOURCES_{sources_digest()}"])
+    except BackendUnavailable:
+        from ..bundle import loaded_bundles
+        for bundle in loaded_bundles():
+            prebuilt = bundle.native_library()
+            if prebuilt is not None:
+                return prebuilt
+        raise
 
 
 def type_spec() -> str:

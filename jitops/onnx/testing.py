@@ -71,3 +71,43 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
     return float(np.abs(got - ref).max(initial=0.0) / scale)
+
+
+def small_model(seed: int = 0, size: int = 8, channels: int = 8) -> Any:
+    """Conv+BN+Relu, GroupNorm, LeakyRelu, LayerNorm and a MatMul/Softmax/MatMul self-attention (opset 21).
+
+    Input 'x' [1, 3, size, size]; output 'y' [1, size*size, channels]. Five jitops problems.
+    """
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    c, t = channels, size * size
+
+    def init(name: str, value: np.ndarray) -> Any:
+        return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+    inits = [init("w", rng.standard_normal((c, 3, 3, 3)) * 0.4), init("b", rng.standard_normal(c) * 0.1),
+             init("bn_g", rng.uniform(0.5, 1.5, c)), init("bn_b", rng.standard_normal(c) * 0.1),
+             init("bn_m", rng.standard_normal(c) * 0.1), init("bn_v", rng.uniform(0.5, 1.5, c)),
+             init("gn_s", rng.uniform(0.5, 1.5, c)), init("gn_b", rng.standard_normal(c) * 0.1),
+             init("ln_s", rng.uniform(0.5, 1.5, c)), init("ln_b", rng.standard_normal(c) * 0.1),
+             init("scale", np.array(1.0 / np.sqrt(c))),
+             numpy_helper.from_array(np.array([1, c, t], np.int64), "tokens_shape")]
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+             n("BatchNormalization", ["conv", "bn_g", "bn_b", "bn_m", "bn_v"], ["bn"], name="bn"),
+             n("Relu", ["bn"], ["relu"], name="relu"),
+             n("GroupNormalization", ["relu", "gn_s", "gn_b"], ["gn"], num_groups=4, name="gn"),
+             n("LeakyRelu", ["gn"], ["act"], alpha=0.1, name="leaky"),
+             n("Reshape", ["act", "tokens_shape"], ["flat"], name="flatten"),
+             n("Transpose", ["flat"], ["tok"], perm=[0, 2, 1], name="to_tokens"),
+             n("LayerNormalization", ["tok", "ln_s", "ln_b"], ["ln"], axis=-1, name="ln"),
+             n("Transpose", ["ln"], ["ln_t"], perm=[0, 2, 1], name="k_t"),
+             n("MatMul", ["ln", "ln_t"], ["scores"], name="qk"),
+             n("Mul", ["scores", "scale"], ["scaled"], name="scale"),
+             n("Softmax", ["scaled"], ["probs"], axis=-1, name="softmax"),
+             n("MatMul", ["probs", "ln"], ["y"], name="pv")]
+    graph = helper.make_graph(nodes, "jitops_small", [tensor_info("x", [1, 3, size, size])],
+                              [tensor_info("y", [1, t, c])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
