@@ -1,0 +1,110 @@
+"""GPU: the example model through ONNX Runtime with jitops kernels on the GPU, against ORT's own CPU run.
+
+Run on a machine with an NVIDIA GPU: `python3 -m pytest -m gpu tests/test_gpu_onnx.py -s`. The
+timing test prints (and with JITOPS_REPORT_DIR writes) the end-to-end times of ORT's native CPU
+run, ORT with jitops kernels, torch eager and torch with the jitops nodes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+import jitops  # noqa: E402
+import jitops.onnx as jo  # noqa: E402
+from jitops.onnx.testing import max_rel_error, ort_session  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+SIZE, BATCH = 64, 4
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    backend = jitops.get_backend("cuda")
+    with jitops.use_backend(backend):
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def case(gpu):
+    from make_model import build_model
+    model = build_model(SIZE)
+    shapes = {"image": (BATCH, 3, SIZE, SIZE)}
+    x = np.random.default_rng(11).standard_normal(shapes["image"]).astype(np.float32)
+    ref = ort_session(model).run(None, {"image": x})[0]
+    return model, jo.rewrite(model, input_shapes=shapes), x, ref
+
+
+def test_ort_cpu_provider_with_jitops_on_the_gpu_matches_ort_cpu(gpu, case):
+    model, rewritten, x, ref = case
+    sess = jo.session(rewritten, providers=["CPUExecutionProvider"], backend=gpu)
+    got = sess.run(None, {"image": x})[0]
+    assert max_rel_error(got, ref) < 1e-3
+
+
+def test_torch_graph_with_jitops_nodes_matches_ort_cpu(gpu, case):
+    from onnx_torch import TorchGraph
+    _, rewritten, x, ref = case
+    with torch.no_grad():
+        got = TorchGraph(rewritten)({"image": torch.from_numpy(x).cuda()})[0].cpu().numpy()
+    assert max_rel_error(got, ref) < 1e-3
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="this onnxruntime has no CUDA execution provider")
+def test_cuda_execution_provider_device_buffers(gpu, case):
+    _, rewritten, x, ref = case
+    sess = jo.session(rewritten, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    got = sess.run(None, {"image": x})[0]
+    assert max_rel_error(got, ref) < 1e-3
+
+
+def _median_ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def test_end_to_end_times(gpu, case):
+    """Measured, printed and (JITOPS_REPORT_DIR) saved; nothing asserted about speed."""
+    from onnx_torch import TorchGraph
+    model, rewritten, x, _ = case
+    native = ort_session(model)
+    jit = jo.session(rewritten, providers=["CPUExecutionProvider"], backend=gpu)
+    eager, with_jitops = TorchGraph(model), TorchGraph(rewritten)
+
+    def torch_run(graph):
+        with torch.no_grad():
+            return graph({"image": torch.from_numpy(x).cuda()})[0].cpu().numpy()
+
+    rows = {"ort_native_cpu": _median_ms(lambda: native.run(None, {"image": x})),
+            "ort_jitops_cpu_ep_gpu_staged": _median_ms(lambda: jit.run(None, {"image": x})),
+            "torch_eager_gpu": _median_ms(lambda: torch_run(eager)),
+            "torch_graph_jitops_gpu": _median_ms(lambda: torch_run(with_jitops))}
+    report = {"device": torch.cuda.get_device_name(), "onnxruntime": ort.__version__, "torch": torch.__version__,
+              "model": f"tiny UNet {BATCH}x3x{SIZE}x{SIZE}", "median_ms": rows,
+              "date": time.strftime("%Y-%m-%d")}
+    print("\n" + json.dumps(report, indent=1))
+    out = os.environ.get("JITOPS_REPORT_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "gpu_onnx_times.json").write_text(json.dumps(report, indent=1))
+    assert all(v > 0 for v in rows.values())
