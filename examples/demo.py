@@ -192,6 +192,7 @@ def bundle(model_path: Path, shapes: dict, backend: Any, out: Path) -> list[str]
     targets = [this_target(backend)]
     for t in ("sm_90", "gfx90a"):
         if t in targets:
+            targets[targets.index(t)] = "device"     # this GPU, planned with its own properties
             continue
         try:
             jitops.get_backend(target=t)

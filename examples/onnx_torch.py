@@ -26,8 +26,13 @@ class TorchGraph:
         self.torch = torch
         self.model = model
         self.device = device
-        self.consts = {t.name: torch.from_numpy(np.ascontiguousarray(numpy_helper.to_array(t))).to(device)
-                       for t in model.graph.initializer}
+        # Shapes and resize scales stay on the host: reading them must not synchronise the GPU.
+        host = {n.input[1] for n in model.graph.node if n.op_type == "Reshape"}
+        host |= {i for n in model.graph.node if n.op_type == "Resize" for i in n.input[1:]}
+        self.consts = {}
+        for t in model.graph.initializer:
+            value = torch.from_numpy(np.ascontiguousarray(numpy_helper.to_array(t)))
+            self.consts[t.name] = value if t.name in host else value.to(device)
         self.outputs = [o.name for o in model.graph.output]
         self.steps = [(n, self._op(n)) for n in model.graph.node]
 

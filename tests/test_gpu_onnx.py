@@ -108,3 +108,31 @@ def test_end_to_end_times(gpu, case):
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "gpu_onnx_times.json").write_text(json.dumps(report, indent=1))
     assert all(v > 0 for v in rows.values())
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "conv2d"])
+def test_run_pointers_on_device_buffers_and_a_stream(gpu, op):
+    """The path ORT's CUDA execution provider takes: raw device pointers and ORT's stream, no copies."""
+    from jitops import engine
+    from jitops.ops import get_op
+    from jitops.ops.base import TensorSpec
+    rng = np.random.default_rng(5)
+    if op == "layer_norm":
+        inputs = {"x": rng.standard_normal((64, 256)), "gamma": rng.random(256) + 0.5, "beta": rng.standard_normal(256)}
+        attrs = {"normalized_shape": (256,), "eps": 1e-5}
+    else:
+        inputs = {"x": rng.standard_normal((2, 8, 20, 20)), "w": rng.standard_normal((16, 8, 3, 3)), "bias": None}
+        attrs = {"stride": (1, 1), "padding": (1, 1, 1, 1), "dilation": (1, 1), "groups": 1, "activation": "relu",
+                 "alpha": 0.01}
+    dev = {n: (torch.from_numpy(v.astype(np.float32)).cuda() if v is not None else None) for n, v in inputs.items()}
+    expected = engine.run(op, dev, attrs)
+    out = torch.empty_like(expected)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        engine.run_pointers(op, {n: ((t.data_ptr(), TensorSpec(tuple(t.shape), "float32")) if t is not None else None)
+                                 for n, t in dev.items()}, attrs, {next(iter(get_op(op).make_problem(
+                                     {n: (TensorSpec(tuple(t.shape), "float32") if t is not None else None)
+                                      for n, t in dev.items()}, attrs).outputs())): out.data_ptr()},
+                            stream.cuda_stream, backend=gpu)
+    stream.synchronize()
+    assert torch.equal(out, expected)

@@ -32,7 +32,11 @@ log = logging.getLogger("jitops.bundle")
 
 
 def backend_for_target(target: str) -> Any:
-    """A backend compiling for `target`: sm_XX / gfxNNN offline, or the emulator (cpu, cpu-w32, cpu-w64)."""
+    """A backend compiling for `target`: sm_XX / gfxNNN offline, the emulator (cpu, cpu-w32, cpu-w64), or
+    "device": the active device itself, planned with its exact properties (SM count, L2, shared memory)."""
+    if target == "device":
+        from ..runtime import current_backend
+        return current_backend()
     if target == "cpu":
         return get_backend("cpu")
     if target.startswith("cpu-w"):
@@ -99,13 +103,13 @@ def create_bundle(model: Any, targets: Sequence[str], out_dir: str | Path,
             backend = backend_for_target(name)
         except BackendUnavailable as exc:
             raise JitopsError(f"bundle: cannot compile for {name}: {exc}") from exc
-        target = target_of(backend, name)
+        target = target_of(backend, backend.device.arch if name == "device" else name)
         manifest["targets"].append(target.as_dict())
-        bar = _progress(unique, f"bundle {name}", progress)
+        bar = _progress(unique, f"bundle {target.target}", progress)
         for op_name, problem, _ in bar:
             _compile_problem(op_name, problem, backend, target, out, manifest)
             if hasattr(bar, "set_postfix_str"):
-                bar.set_postfix_str(f"{len([k for k in manifest['kernels'] if k['target'] == name])} kernels")
+                bar.set_postfix_str(f"{sum(k['target'] == target.target for k in manifest['kernels'])} kernels")
     _add_native_library(out, manifest)
     manifest["seconds"] = round(time.perf_counter() - t_start, 3)
     write_atomic(out / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
@@ -191,7 +195,8 @@ def add_subcommand(sub: Any) -> None:
                        description="Example: jitops bundle model.onnx --target sm_90 --target gfx90a -o model.jitops")
     s.add_argument("model", help="the ONNX model")
     s.add_argument("--target", action="append", required=True,
-                   help="sm_80, sm_90, gfx90a, gfx942, ... or cpu / cpu-w64 for the emulator (repeatable)")
+                   help="sm_80, sm_90, gfx90a, gfx942, ...; 'device' for this machine's GPU with its exact "
+                        "properties; cpu / cpu-w64 for the emulator (repeatable)")
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")
     s.add_argument("--input-shape", action="append", default=[], metavar="NAME=AxBxC",
                    help="size of a model input with dynamic dimensions (repeatable)")
