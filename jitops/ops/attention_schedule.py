@@ -35,8 +35,8 @@ def mma_shared_bytes(d: int, block_q: int, block_k: int) -> int:
 
 
 def simt_shared_bytes(d: int, block_q: int, block_k: int) -> int:
-    """Qt [D][BQ+4], Kt [D][BK+4], V [BK][D+4], Pt [BK][BQ+4], fp32."""
-    return 4 * (d * (block_q + 4) + d * (block_k + 4) + block_k * (d + 4) + block_k * (block_q + 4))
+    """Qt [D][BQ+4], Pt [BK][BQ+4], V [BK][D+4], K [BK][D+1], fp32."""
+    return 4 * (d * (block_q + 4) + block_k * (block_q + 4) + block_k * (d + 4) + block_k * (d + 1))
 
 
 def gemm_shared_bytes(bm: int, bn: int, bk: int) -> int:
@@ -180,10 +180,15 @@ def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         except ScheduleError:
             continue
     if p.dtype == "float16" and device.matrix_cores and p.d in MMA_HEAD_DIMS:
-        for row_groups in ((1, 2) if p.d <= 64 else (1,)):
-            for block_k in (32, 64):
-                if mma_shared_bytes(p.d, 64 * row_groups, block_k) <= device.shared_per_block_optin:
-                    out.append(Schedule.make("fused_mma", warps=4, row_groups=row_groups, block_k=block_k))
+        for warps in (2, 4, 8):
+            for row_groups in ((1, 2) if p.d <= 64 else (1,)):
+                for block_k in (32, 64):
+                    if mma_shared_bytes(p.d, 16 * warps * row_groups, block_k) > device.shared_per_block_optin:
+                        continue
+                    out.append(Schedule.make("fused_mma", warps=warps, row_groups=row_groups, block_k=block_k))
+                    if row_groups == 2 and warps == 4 and device.backend == "cuda":
+                        # three resident blocks instead of two: registers capped near 168 per thread
+                        out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=block_k, min_blocks=3))
     if p.d in SIMT_HEAD_DIMS:
         for block_q, block_k, tm, tn in _simt_tiles(p, device):
             out.append(Schedule.make("fused", block_q=block_q, block_k=block_k, rows_per_thread=tm,
@@ -213,6 +218,11 @@ def _mask_args(p: AttentionProblem, idx: str) -> tuple[Buf | Scalar, ...]:
 def _common_params(p: AttentionProblem, idx: str) -> dict:
     return {"ctype": C_TYPE[p.dtype], "index_type": idx, "has_mask": p.has_mask,
             "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none"}
+
+
+def _has_async_copy(device: DeviceInfo) -> bool:
+    """cp.async exists on NVIDIA sm_80+, which is where DeviceInfo reports matrix cores."""
+    return device.backend == "cuda" and device.matrix_cores
 
 
 def _check_grid(blocks: int, what: str) -> None:
@@ -257,7 +267,9 @@ def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, sca
         smem = mma_shared_bytes(p.d, block_q, block_k)
         if block_k % 16 or block_k <= 0 or warps <= 0 or row_groups <= 0:
             raise ScheduleError(f"attention fused_mma: block_k must be a multiple of 16, got {block_k}")
-        params.update(warps=warps, row_groups=row_groups, block_k=block_k, threads=threads)
+        min_blocks = int(schedule.get("min_blocks", 0))
+        params.update(warps=warps, row_groups=row_groups, block_k=block_k, threads=threads, min_blocks=min_blocks,
+                      scale_positive=p.scale > 0)
         kernel = "attention_fused_mma"
     else:
         block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
@@ -272,7 +284,8 @@ def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, sca
             raise ScheduleError(f"attention fused: {threads} threads is not a whole number of warps "
                                 f"({device.warp_size} lanes)")
         smem = simt_shared_bytes(p.d, block_q, block_k)
-        params.update(block_q=block_q, block_k=block_k, rows_per_thread=tm, cols_per_thread=tn)
+        params.update(block_q=block_q, block_k=block_k, rows_per_thread=tm, cols_per_thread=tn,
+                      async_copy=_has_async_copy(device))
         kernel = "attention_fused"
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"attention {schedule.algorithm}: {threads} threads per block exceed {device.name}'s limit")
