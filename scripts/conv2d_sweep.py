@@ -29,6 +29,23 @@ from jitops.ops.base import Schedule  # noqa: E402
 
 op = get_op("conv2d")
 
+# Beyond the benchmark: common network layers (strided, grouped, depthwise, stems, batched 1x1),
+# so that the fitted model is not tuned to stride-1 shapes alone. (name, x, w, attrs)
+EXTRA = [
+    ("resnet_stem", (1, 3, 224, 224), (64, 3, 7, 7), {"stride": 2, "padding": 3}),
+    ("resnet_3x3_s2", (1, 128, 56, 56), (128, 128, 3, 3), {"stride": 2, "padding": 1}),
+    ("resnet_1x1_s2", (1, 256, 56, 56), (512, 256, 1, 1), {"stride": 2}),
+    ("resnet_b32_3x3", (32, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}),
+    ("resnet_b32_1x1", (32, 256, 56, 56), (64, 256, 1, 1), {}),
+    ("resnext_g32", (1, 128, 56, 56), (128, 4, 3, 3), {"padding": 1, "groups": 32}),
+    ("depthwise_112", (1, 32, 112, 112), (32, 1, 3, 3), {"padding": 1, "groups": 32}),
+    ("depthwise_s2_b8", (8, 144, 56, 56), (144, 1, 3, 3), {"padding": 1, "groups": 144, "stride": 2}),
+    ("dilated_3x3", (1, 256, 32, 32), (256, 256, 3, 3), {"padding": 2, "dilation": 2}),
+    ("unet_3x3_c512", (1, 512, 32, 32), (512, 512, 3, 3), {"padding": 1}),
+]
+EXTRA_TILES = [(32, 32, 8, 4, 4), (64, 32, 8, 8, 4), (32, 64, 8, 4, 8), (128, 32, 8, 8, 4),
+               (128, 128, 16, 8, 8), (64, 128, 16, 8, 8), (64, 64, 16, 8, 8), (32, 128, 16, 4, 8)]
+
 
 def sweep_candidates(p, device):
     """The tuning space, trimmed: splits only where the unsplit grid is under two waves."""
@@ -41,9 +58,28 @@ def sweep_candidates(p, device):
             blocks = -(-p.cout_g // bm) * -(-p.pixels // bn) * p.groups
             if blocks >= 2 * device.multiprocessors:
                 continue
-        if s.algorithm == "direct" and p.cout_g > 64:
+        if s.algorithm == "direct" and p.cout_g > 64 and not (s["th"] == 8 and s["pw"] == 2 and s["splits"] in (1, 4)):
             continue
         out.append(s)
+    from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule, winograd_schedule
+    from jitops.errors import ScheduleError
+    extra = []
+    for tile in EXTRA_TILES:
+        extra.append(gemm_schedule("gemm_1x1" if p.is_pointwise else "implicit_gemm", tile))
+        if p.winograd_ok:
+            extra.append(winograd_schedule("winograd_4x4", tile))
+        blocks = -(-p.cout_g // tile[0]) * -(-p.pixels // tile[1]) * p.groups
+        if blocks < 2 * device.multiprocessors:
+            extra += [gemm_schedule("split_k", tile, k) for k in (2, 4, 8)]
+    if p.cout_g <= 64:
+        extra += [direct_schedule(8, 32, pw, 16, 8, sp) for pw in (1, 2) for sp in (1, 4)]
+        extra += [direct_schedule(2, 64, 2, 8, 8, sp) for sp in (1, 4)]
+    for s in extra:
+        try:
+            op.plan(p, s, device)
+            out.append(s)
+        except ScheduleError:
+            pass
     return out
 
 
@@ -80,6 +116,7 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0)
     ap.add_argument("--problems", default="")
     ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--no-extra", action="store_true")
     args = ap.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -87,18 +124,21 @@ def main():
     device = be.device
     timer = Timer(torch)
     t_start = time.time()
-    chosen = [cp for cp in PROBLEMS if not args.problems or cp.name in args.problems.split(",")]
+    specs = [(cp.name, (cp.n, cp.cin, cp.h, cp.w), (cp.cout, cp.cin, cp.k, cp.k), {"padding": cp.pad})
+             for cp in PROBLEMS] + ([] if args.no_extra else EXTRA)
+    chosen = [sp for sp in specs if not args.problems or sp[0] in args.problems.split(",")]
     dtypes = ["float32"] + (["float16"] if args.fp16 else [])
     plan_pairs = []
     per_problem = {}
+    from jitops.ops.base import TensorSpec
     for dtype in dtypes:
-        for cp in chosen:
-            p = op_problem(cp, dtype)
+        for name, xs, ws, attrs in chosen:
+            p = op.make_problem({"x": TensorSpec(xs, dtype), "w": TensorSpec(ws, dtype)}, attrs)
             cands = sweep_candidates(p, device) if dtype == "float32" else [op.heuristic(p, device)]
             heur = op.heuristic(p, device)
-            if heur not in cands:
-                cands.insert(0, heur)
-            per_problem[(cp.name, dtype)] = (p, cands, heur)
+            # Most promising first, so that a problem's time budget drops the least likely ones.
+            cands = [heur] + sorted((c for c in cands if c != heur), key=lambda c: op_estimate(p, c, device))
+            per_problem[(name, dtype)] = (p, cands, heur, (xs, ws, attrs))
             plan_pairs += [(p, s) for s in cands]
     precompile(plan_pairs, device)
 
@@ -116,18 +156,21 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "sms": device.multiprocessors, "gemm_tflops": gemm_tflops,
                "copy_gbs": copy_gbs, "problems": {}}
     budget_each = args.budget / max(1, len(per_problem))
-    for (name, dtype), (p, cands, heur) in per_problem.items():
-        cp = next(c for c in PROBLEMS if c.name == name)
+    for (name, dtype), (p, cands, heur, (xs, ws, attrs)) in per_problem.items():
         tdt = getattr(torch, dtype)
-        x = torch.randn(cp.n, cp.cin, cp.h, cp.w, device="cuda").to(tdt)
-        w = (torch.randn(cp.cout, cp.cin, cp.k, cp.k, device="cuda") / (cp.cin * cp.k * cp.k) ** 0.5).to(tdt)
-        ref = reference_f64(torch, x, w, cp.pad)
+        x = torch.randn(*xs, device="cuda").to(tdt)
+        w = (torch.randn(*ws, device="cuda") / (ws[1] * ws[2] * ws[3]) ** 0.5).to(tdt)
+        tattrs = {k: v for k, v in attrs.items()}
+        if p.winograd_ok or p.is_pointwise or (p.stride == (1, 1) and p.groups == 1 and p.dilation == (1, 1)):
+            ref = reference_f64(torch, x, w, p.pad[0])
+        else:
+            ref = torch.nn.functional.conv2d(x.double(), w.double(), **tattrs)
         scale = float(ref.abs().max())
         out = torch.empty(ref.shape, device="cuda", dtype=tdt)
-        entry = {"flops": p.flops, "rows": []}
+        entry = {"flops": p.flops, "rows": [], "spec": {"x": xs, "w": ws, "attrs": attrs, "dtype": dtype}}
         for bench_mode in (True, False):
             torch.backends.cudnn.benchmark = bench_mode
-            fn = (lambda: torch.nn.functional.conv2d(x, w, padding=cp.pad))
+            fn = (lambda: torch.nn.functional.conv2d(x, w, **tattrs))
             entry["cudnn_benchmark" if bench_mode else "cudnn_default"] = timer.graph_us(fn, n=10, trials=3)
         t_problem = time.time()
         for s in cands:
@@ -139,18 +182,18 @@ def main():
                    "estimate_us": op_estimate(p, s, device)}
             try:
                 out.fill_(float("nan"))
-                jitops.conv2d(x, w, padding=cp.pad, out=out, schedule=s)
+                jitops.conv2d(x, w, out=out, schedule=s, **tattrs)
                 torch.cuda.synchronize()
                 err = float((out.double() - ref).abs().max()) / scale
                 row["error"] = err
                 row["ok"] = bool(err <= op.tolerance(p, s)[0] and not torch.isnan(out).any())
-                row["us"] = timer.graph_us(lambda: jitops.conv2d(x, w, padding=cp.pad, out=out, schedule=s),
+                row["us"] = timer.graph_us(lambda: jitops.conv2d(x, w, out=out, schedule=s, **tattrs),
                                            n=10, trials=3)
             except Exception as exc:
                 row["failure"] = f"{type(exc).__name__}: {exc}"[:300]
             entry["rows"].append(row)
         torch.backends.cudnn.benchmark = True
-        entry["kernels_cudnn"] = kernel_times(lambda: torch.nn.functional.conv2d(x, w, padding=cp.pad))
+        entry["kernels_cudnn"] = kernel_times(lambda: torch.nn.functional.conv2d(x, w, **tattrs))
         timed = [r for r in entry["rows"] if r.get("ok")]
         picks = {r["text"]: Schedule.from_dict(r["schedule"]) for r in timed if r["heuristic"]}
         for alg in ("winograd_4x4", "implicit_gemm", "gemm_1x1"):
@@ -158,8 +201,8 @@ def main():
             if group:
                 r = min(group, key=lambda r: r["us"])
                 picks[r["text"]] = Schedule.from_dict(r["schedule"])
-        entry["kernels_jitops"] = {text: kernel_times(lambda s=s: jitops.conv2d(x, w, padding=cp.pad, out=out,
-                                                                                 schedule=s))
+        entry["kernels_jitops"] = {text: kernel_times(lambda s=s: jitops.conv2d(x, w, out=out, schedule=s,
+                                                                                 **tattrs))
                                    for text, s in picks.items()}
         results["problems"][f"{name} {dtype}"] = entry
         del x, w, ref, out
