@@ -18,8 +18,7 @@ from ..device import DeviceInfo
 from ..errors import ArgumentError, ScheduleError
 from .base import (C_TYPE, INT32_MAX, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div,
                    index_type, parse_shape, parse_value, problem_key)
-from .norm_common import (STREAMING_BYTES, affine_launch, check_eps, check_input, param_dtype, prod, ptr_or_none,
-                          require_tensor)
+from .norm_common import STREAMING_BYTES, affine_launch, check_eps, check_input, param_dtype, prod, require_tensor
 
 NAME = "batch_norm"
 INPUTS = ("x", "mean", "var", "gamma", "beta")

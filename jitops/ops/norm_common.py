@@ -233,6 +233,8 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
         tpr = int(over.pop("tpr", min(warp, _pow2_ceil(ceil_div(lenv, 4)))))
         items = int(over.pop("items", ceil_div(lenv, tpr)))
         block = int(over.pop("block", max(256, tpr)))
+        if over.pop("store", "regs") != "regs":
+            raise ScheduleError(f"{spec.op} warp: rows shared by a warp stay in registers")
         params = dict(vec=vec, tpr=tpr, items=items, block=block, store="regs", stats=stats,
                       waves=int(over.pop("waves", 0)), streaming=streaming)
     elif algorithm == "block":
@@ -244,6 +246,7 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
             tpr0, items0 = _block_shape(lenv, warp)
             tpr = int(over.pop("tpr", tpr0))
             items = int(over.pop("items", items0 if tpr == tpr0 else ceil_div(lenv, tpr)))
+        over.pop("block", None)     # a block per row: the block is the row's threads
         params = dict(vec=vec, tpr=tpr, items=items, block=tpr, store=store, stats=stats,
                       waves=int(over.pop("waves", 0)), streaming=streaming)
     elif algorithm == "stream":

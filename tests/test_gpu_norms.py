@@ -1,0 +1,236 @@
+"""The four normalizations on a real GPU (pytest -m gpu): every strategy against float64 on the
+device, fp32/fp16/mixed parameters, large offsets, the split path inside a CUDA graph (counters
+reset by the kernel, no memset), re-folding batch-norm parameters changed in place, a side
+stream, host arrays, and tensors of more than 2^31 elements (64-bit indexing)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops.bench.layer_norm import call, torch_reference
+from jitops.ops import get_op
+from jitops.ops.base import TensorSpec
+from jitops.ops.norm_common import row_heuristic
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def gpu_backend():
+    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
+    with jitops.use_backend(be):
+        yield be
+
+
+def make(op_name, shape, dtype, ptype=None, attrs=None, params=("gamma", "beta")):
+    """A problem and random device inputs (never zeros)."""
+    op = get_op(op_name)
+    attrs = dict(attrs or {})
+    specs = {"x": TensorSpec(shape, dtype)}
+    if op_name == "batch_norm":
+        pshape = (shape[1],)
+        params = ("mean", "var") + tuple(params)
+    elif op_name == "group_norm":
+        pshape = (shape[1],)
+    else:
+        pshape = tuple(shape[-1:])
+        attrs.setdefault("normalized_shape", shape[-1])
+    if op_name == "rms_norm":
+        params = tuple(p for p in params if p != "beta")
+    specs.update({p: TensorSpec(pshape, ptype or dtype) for p in params})
+    problem = op.make_problem(specs, attrs)
+    ins = {"x": (torch.randn(shape, device="cuda") * 2 + 0.5).to(getattr(torch, dtype))}
+    for p in params:
+        t = torch.rand(pshape, device="cuda") + 0.5 if p == "var" else torch.randn(pshape, device="cuda")
+        ins[p] = t.to(getattr(torch, ptype or dtype))
+    return problem, ins
+
+
+def check(op_name, problem, ins, schedule=None, tol=None, out=None):
+    op = get_op(op_name)
+    out = torch.full(problem.shape, float("nan"), device="cuda", dtype=getattr(torch, problem.dtype)) \
+        if out is None else out.fill_(float("nan"))
+    y = call(op_name, problem, ins, out=out, schedule=schedule)
+    torch.cuda.synchronize()
+    assert y is out and not torch.isnan(y).any(), "elements left unwritten"
+    ref = torch_reference(op_name, problem, ins)
+    if tol is None:
+        sched = schedule if isinstance(schedule, jitops.Schedule) else \
+            op.heuristic(problem, jitops.get_backend().device, schedule)
+        tol = op.tolerance(problem, sched)[0]
+    err = float((y.double() - ref).abs().max() / ref.abs().max())
+    assert err <= tol, f"{op_name} {problem.shape} {problem.dtype} {schedule}: {err:.3g} > {tol:.3g}"
+    return y
+
+
+ROW_SHAPES = {
+    "layer_norm": [(7, 37), (4096, 1024), (512, 4096), (64, 8192), (8, 65536), (3, 300000), (1000, 3)],
+    "rms_norm": [(7, 37), (4096, 1024), (64, 8192), (8, 65536), (3, 300000)],
+    "group_norm": [(256, 64, 56, 56), (8, 320, 32, 32), (2, 128, 64, 64), (4, 6, 7, 7), (3, 8, 1, 1)],
+}
+GROUPS = {(256, 64, 56, 56): 32, (8, 320, 32, 32): 32, (2, 128, 64, 64): 4, (4, 6, 7, 7): 3, (3, 8, 1, 1): 8}
+
+
+@pytest.mark.parametrize("op_name", ["layer_norm", "rms_norm", "group_norm"])
+@pytest.mark.parametrize("dtype,ptype", [("float32", "float32"), ("float16", "float16"), ("float16", "float32")])
+def test_row_ops_every_strategy(op_name, dtype, ptype):
+    shapes = ROW_SHAPES[op_name] if dtype == ptype == "float32" else ROW_SHAPES[op_name][:4]
+    algorithms = (None, "warp", "block", "stream", "split", "naive") if dtype == "float32" or ptype == "float32" \
+        else (None,)
+    for shape in shapes:
+        attrs = {"num_groups": GROUPS[shape]} if op_name == "group_norm" else {}
+        problem, ins = make(op_name, shape, dtype, ptype, attrs)
+        for alg in algorithms:
+            try:
+                sched = get_op(op_name).heuristic(problem, jitops.get_backend().device, alg)
+            except jitops.ScheduleError:
+                continue
+            if alg == "warp" and int(sched["items"]) > 32:
+                continue
+            check(op_name, problem, ins, sched)
+
+
+@pytest.mark.parametrize("dtype,ptype", [("float32", "float32"), ("float16", "float16"), ("float16", "float32")])
+def test_batch_norm(dtype, ptype):
+    for shape in [(256, 64, 56, 56), (8, 3, 7, 7), (4096, 1000), (33, 5), (2, 16, 3, 5, 7)]:
+        problem, ins = make("batch_norm", shape, dtype, ptype)
+        for alg in (None, "naive"):
+            check("batch_norm", problem, ins, alg)
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_batch_norm_activation(activation):
+    for shape in [(64, 64, 28, 28), (8, 3, 7, 7)]:
+        problem, ins = make("batch_norm", shape, "float32", attrs={"activation": activation, "alpha": 0.2})
+        for alg in (None, "naive"):
+            check("batch_norm", problem, ins, alg)
+
+
+def test_batch_norm_refolds_parameters_changed_in_place():
+    problem, ins = make("batch_norm", (8, 16, 10, 10), "float32")
+    check("batch_norm", problem, ins)
+    ins["gamma"].mul_(-2.0)       # same tensor, new version counter
+    ins["mean"].add_(1.0)
+    check("batch_norm", problem, ins)
+
+
+@pytest.mark.parametrize("op_name,shape,params", [
+    ("layer_norm", (64, 4096), dict(algorithm="block")),
+    ("layer_norm", (64, 4096), dict(algorithm="block", stats="welford")),
+    ("layer_norm", (64, 4096), dict(algorithm="warp", stats="two_pass")),
+    ("layer_norm", (64, 4096), dict(algorithm="stream")),
+    ("layer_norm", (4, 1 << 20), dict(algorithm="split")),
+    ("group_norm", (16, 64, 56, 56), dict(algorithm="block")),
+    ("group_norm", (2, 64, 128, 128), dict(algorithm="split")),
+])
+def test_large_offset(op_name, shape, params):
+    """Seed 003: 1e4 + N(0, 1): outputs (hence mean and variance) within 4e-6 of float64."""
+    attrs = {"num_groups": 32} if op_name == "group_norm" else {}
+    problem, ins = make(op_name, shape, "float32", attrs=attrs, params=())
+    ins["x"] = torch.randn(shape, device="cuda").add_(1e4)
+    params = dict(params)
+    sched = row_heuristic(problem.row_spec(), jitops.get_backend().device, params.pop("algorithm"), **params)
+    check(op_name, problem, ins, sched, tol=4e-6)
+
+
+@pytest.mark.parametrize("op_name,shape,attrs", [
+    ("layer_norm", (4, 1 << 20), {}), ("rms_norm", (4, 1 << 20), {}),
+    ("group_norm", (2, 64, 128, 128), {"num_groups": 4}),
+])
+def test_split_in_a_cuda_graph(op_name, shape, attrs):
+    """Grid-reduction counters reset by the last block: graph replays on new data stay right."""
+    problem, ins = make(op_name, shape, "float32", attrs=attrs)
+    assert get_op(op_name).heuristic(problem, jitops.get_backend().device).algorithm == "split"
+    out = torch.empty(shape, device="cuda")
+    call(op_name, problem, ins, out=out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call(op_name, problem, ins, out=out)
+    for _ in range(3):
+        ins["x"].copy_(torch.randn(shape, device="cuda") * 3 - 1)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = torch_reference(op_name, problem, ins)
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) <= 4e-6
+
+
+def test_side_stream_and_host_arrays():
+    problem, ins = make("layer_norm", (2048, 2048), "float32")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)
+        ins["x"].mul_(2.0)
+        y = jitops.layer_norm(ins["x"], 2048, ins["gamma"], ins["beta"])
+    s.synchronize()
+    ref = torch_reference("layer_norm", problem, ins)
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) <= 4e-6
+    x = np.random.default_rng(0).standard_normal((64, 6, 9, 9)).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal(6).astype(np.float32)
+    yh = jitops.group_norm(x, 3, g, g)
+    assert isinstance(yh, np.ndarray)
+    ref = get_op("group_norm").reference(
+        get_op("group_norm").make_problem({"x": TensorSpec(x.shape, "float32"), "gamma": TensorSpec((6,), "float32"),
+                                           "beta": TensorSpec((6,), "float32")}, {"num_groups": 3}),
+        {"x": x, "gamma": g, "beta": g})["y"]
+    assert np.abs(yh - ref).max() / np.abs(ref).max() <= 4e-6
+
+
+def _slices_match(op_name, ins, y, index, attrs, channels=None):
+    """Compare a slice of a huge output with float64 on that slice only (`channels` slices the
+    per-channel parameters along with x)."""
+    sub = {k: (v[channels] if channels is not None else v) for k, v in ins.items() if k != "x"}
+    sub["x"] = ins["x"][index]
+    specs = {k: TensorSpec(tuple(v.shape), str(v.dtype).split(".")[1]) for k, v in sub.items()}
+    subp = get_op(op_name).make_problem(specs, attrs)
+    ref = torch_reference(op_name, subp, sub)
+    err = float((y[index].double() - ref).abs().max() / ref.abs().max())
+    assert err <= 2e-3, f"{op_name} {index}: {err}"
+
+
+def test_more_than_2_to_31_elements():
+    """2 x 64 x 16385 x 1024 fp16 = 2^31 + 131072 elements: every op takes 64-bit offsets."""
+    shape = (2, 64, 16385, 1024)
+    x = torch.randn(shape, device="cuda", dtype=torch.float16)
+    assert x.numel() > 2 ** 31
+    y = torch.empty_like(x)
+    p = lambda: torch.randn(64, device="cuda", dtype=torch.float32)  # noqa: E731
+    bn_ins = {"x": x, "mean": p(), "var": torch.rand(64, device="cuda") + 0.5, "gamma": p(), "beta": p()}
+    bn = get_op("batch_norm").make_problem({k: TensorSpec(tuple(v.shape), str(v.dtype).split(".")[1])
+                                            for k, v in bn_ins.items()}, {})
+    y.fill_(float("nan"))
+    call("batch_norm", bn, bn_ins, out=y)
+    for idx in ((slice(None), slice(None), slice(0, 4)), (slice(None), slice(None), slice(16380, 16385))):
+        _slices_match("batch_norm", bn_ins, y, idx, {})
+    assert not torch.isnan(y).any()
+
+    gn_ins = {"x": x, "gamma": p(), "beta": p()}
+    gn = get_op("group_norm").make_problem({k: TensorSpec(tuple(v.shape), str(v.dtype).split(".")[1])
+                                            for k, v in gn_ins.items()}, {"num_groups": 16})
+    y.fill_(float("nan"))
+    call("group_norm", gn, gn_ins, out=y)
+    # The last group of the last sample (4 channels, past element 2^31) and the first one.
+    _slices_match("group_norm", gn_ins, y, (slice(1, 2), slice(60, 64)), {"num_groups": 1}, slice(60, 64))
+    _slices_match("group_norm", gn_ins, y, (slice(0, 1), slice(0, 4)), {"num_groups": 1}, slice(0, 4))
+    assert not torch.isnan(y).any()
+
+    rows = x.view(-1, 2048)
+    yr = y.view(-1, 2048)
+    for op_name in ("layer_norm", "rms_norm"):
+        ins = {"x": rows, "gamma": torch.randn(2048, device="cuda", dtype=torch.float16)}
+        if op_name == "layer_norm":
+            ins["beta"] = torch.randn(2048, device="cuda", dtype=torch.float16)
+        prob = get_op(op_name).make_problem({k: TensorSpec(tuple(v.shape), "float16") for k, v in ins.items()},
+                                            {"normalized_shape": 2048})
+        yr.fill_(float("nan"))
+        call(op_name, prob, ins, out=yr)
+        _slices_match(op_name, ins, yr, (slice(0, 64),), {"normalized_shape": 2048})
+        _slices_match(op_name, ins, yr, (slice(rows.shape[0] - 64, rows.shape[0]),), {"normalized_shape": 2048})
+        assert not torch.isnan(yr[-1]).any()
+    del x, y
+    torch.cuda.empty_cache()
