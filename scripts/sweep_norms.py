@@ -44,11 +44,12 @@ def row_schedules(problem: Any, device: Any) -> list[Schedule]:
         tpr = ceil_div(ceil_div(lenv, items), w) * w
         if tpr <= 1024 and (items == 1 or tpr * (items - 1) < lenv):
             tries.append(("block", {"tpr": tpr, "items": items}))
-    for tpr in (512, 1024):
-        tries.append(("block", {"tpr": tpr, "store": "smem"}))
-    for tpr in (256, 512, 1024):
-        for unroll in (2, 4):
-            tries.append(("stream", {"tpr": tpr, "unroll": unroll}))
+    if spec.row_bytes > (8 << 10):
+        for tpr in (256, 512, 1024):
+            tries.append(("block", {"tpr": tpr, "store": "smem"}))
+        for tpr in (256, 512, 1024):
+            for unroll in (2, 4):
+                tries.append(("stream", {"tpr": tpr, "unroll": unroll}))
     if spec.rows < 2 * device.multiprocessors:
         for chunks in (4, 8, 16, 32, 64):
             tries.append(("split", {"chunks": chunks}))
@@ -89,7 +90,7 @@ def bn_schedules(problem: Any, device: Any) -> list[Schedule]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ops", default="batch_norm,group_norm,layer_norm,rms_norm")
+    ap.add_argument("--ops", default="group_norm,layer_norm,batch_norm,rms_norm")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later problems get heuristic + torch only")
     ap.add_argument("--json")
     args = ap.parse_args()
