@@ -220,3 +220,34 @@ def test_budget_cuts_timing_but_measures_the_heuristic(cpu, isolated, monkeypatc
     assert r.source == "tuned" and r.schedule == r.heuristic
     assert sorted(c.status for c in r.candidates) == ["ok", "skipped", "skipped"]
     assert r2.source == "skipped" and r2.schedule is None and "budget" in r2.error
+
+
+def test_a_record_from_another_gpu_of_the_same_key_is_measured_again(cpu, isolated):
+    problem = LR.make_problem({"x": TensorSpec((4096,), "float32")}, {"alpha": 0.01})
+    rec = records.new_record(cpu.device, "leaky_relu", problem.key(), Schedule.make("naive", block=256), time_us=1.0)
+    rec["device_name"] = "some other device with the same arch and multiprocessor count"
+    store().put([rec])
+    assert engine.select_schedule(LR, problem, cpu.device)[1] == "user"      # calls use it...
+    r = jitops.tune(LR, problem, max_candidates=2, workers=1, budget=None)
+    assert r.source == "tuned"                                               # ...tuning measures this device
+
+
+def test_shipped_run_completes_and_merges_the_shipped_file(cpu, isolated, tmp_path, monkeypatch, capsys):
+    from jitops.tuning import shipped
+    probs = shipped.benchmark_problems(["leaky_relu", "conv2d"])
+    names = [n for n, _, _ in probs]
+    assert len(probs) == 20 + 21 and "k100_4 float16" in names and "n=4^15 float32" in names
+    assert probs[0][2].key() == "leaky_relu:x=4096:float32"
+
+    small = [(n, m, p) for n, m, p in probs if m.NAME == "leaky_relu" and p.numel <= 4 ** 7]
+    monkeypatch.setattr(shipped, "benchmark_problems", lambda ops=None: small)
+    old = records.new_record(cpu.device, "leaky_relu", "leaky_relu:x=1:float32", Schedule.make("naive", block=64),
+                             time_us=1.0)
+    records.write_records(config.schedules_dir() / "cpu-w32.json", [old])
+    out = tmp_path / "cpu-w32.json"
+    assert shipped.main(["--max-candidates", "2", "--no-vendor", "--export", str(out)]) == 0
+    written = records.read_records(out)
+    assert len(written) == len(small) + 1 and {r["arch"] for r in written} == {"cpu-w32"}
+    assert "4 tuned now" in capsys.readouterr().out
+    assert shipped.main(["--max-candidates", "2", "--no-vendor"]) == 0       # again: answered from records
+    assert "0 tuned now, 4 from records" in capsys.readouterr().out

@@ -4,7 +4,11 @@
     python -m jitops.tuning.shipped --ops leaky_relu,conv2d --budget 300
 
 Problems are built the way the public functions build them (same attributes, so the same keys
-that calls look up). Ops whose modules are not in this build are left out and named.
+that calls look up). Ops whose modules are not in this build are left out and named. Problems
+that already have a record measured on this device (user records, or the shipped file when it
+was made on the same kind of GPU) are not measured again unless --force, so a run cut short by
+its budget is completed by running it again; --export writes the shipped file's records of this
+arch merged with the user records (a new measurement replaces an old one).
 """
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def benchmark_problems(ops: list[str] | None = None) -> list[tuple[str, ModuleTy
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..records import export_records, record_arch, store
+    from ..records import export_records, merge_into, record_arch, store
     from ..runtime import get_backend
     from .report import summary_footer, summary_table
     from .tuner import TuneOptions, tune_problems
@@ -100,19 +104,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", help="write this device's records (all of them, this arch) to this file")
     p.add_argument("--max-candidates", type=int, default=256)
     p.add_argument("--no-vendor", action="store_true")
+    p.add_argument("--force", action="store_true", help="measure problems that already have a record")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     problems = benchmark_problems(args.ops.split(",") if args.ops else None)
     backend = get_backend()
     t0 = time.monotonic()
-    opts = TuneOptions(budget_s=args.budget or None, force=True, max_candidates=args.max_candidates,
+    opts = TuneOptions(budget_s=args.budget or None, force=args.force, max_candidates=args.max_candidates,
                        vendor=not args.no_vendor)
     results = tune_problems([(m, pr) for _, m, pr in problems], backend, opts)
     print(summary_table(results))
     print(summary_footer(results, time.monotonic() - t0))
     if args.export:
         arch = record_arch(backend.device)
-        n = export_records(args.export, [r for r in store().user_records() if r["arch"] == arch])
+        merged, _ = merge_into(store().shipped_records(arch), [r for r in store().user_records() if r["arch"] == arch],
+                               prefer="incoming")
+        n = export_records(args.export, merged)
         print(f"wrote {n} records to {args.export}")
     return 0
 

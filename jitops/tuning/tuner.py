@@ -29,7 +29,7 @@ from ..ops.base import Schedule
 from ..records import device_key, new_record, store
 from ..runtime import current_backend
 from . import space
-from .compile_pool import CompileJob, CompileOutcome, CompilePool
+from .compile_pool import CompileJob, CompileOutcome, CompilePool, default_workers
 from .measure import Loaded, ProblemBench, UnfitSchedule, median
 from .progress import bar
 
@@ -106,8 +106,10 @@ def from_record(op: ModuleType, problem: Any, backend: Any) -> TuneResult | None
     if found is None:
         return None
     rec, origin = found
-    if rec.get("device") != device_key(device):
-        return None     # measured on a sibling of this arch: worth measuring here
+    if rec.get("device") != device_key(device) or rec.get("device_name", device.name) != device.name:
+        # Measured on a sibling (same arch; another multiprocessor count, or an H100 for an H200):
+        # the record stays usable for calls, but a tuning run measures this device.
+        return None
     schedule = Schedule.from_dict(rec["schedule"])
     try:
         op.plan(problem, schedule, device)
@@ -159,7 +161,7 @@ def compile_all(jobs: list[CompileJob], backend: Any, opts: TuneOptions, deadlin
                     "serially and without a time limit", len(todo))
         return {}
     log.info("compiling %d kernels (%d already cached) in %d workers", len(todo), len(jobs) - len(todo),
-             min(len(todo), opts.workers or 99))
+             min(len(todo), opts.workers or default_workers()))
     with bar(total=len(todo), desc="compile", unit="kernel", enable=opts.progress) as pb, \
             CompilePool(backend, opts.workers, opts.compile_timeout_s) as pool:
         def done(o: CompileOutcome) -> None:

@@ -2,7 +2,8 @@
 
 Only for the summary table: "where available" means a GPU backend with a CUDA/ROCm torch. Timed
 the way the tuner times jitops (per-call events, L2 flushed before each call), so the columns
-compare. Problems are read through their inputs() and a few attribute names; an op whose problem
+compare. fp32 problems are timed with TF32 off (torch lets cuDNN use TF32 for convolutions by
+default; jitops' fp32 kernels round nothing to TF32). Problems are read through their inputs() and a few attribute names; an op whose problem
 this does not understand gets no vendor time rather than a wrong one.
 """
 from __future__ import annotations
@@ -70,6 +71,14 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
+def _strict_fp32(torch: Any, on: bool) -> tuple[bool, bool]:
+    """Turn TF32 off (on=True) for fp32 problems, as jitops computes them; returns the previous flags."""
+    prev = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    if on:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    return prev
+
+
 def time_torch(fn: Callable[[], Any], torch: Any, flush: int, reps: int = 25) -> float:
     """Median per-call time (us), device events around each call, L2 flushed before each."""
     buf = torch.empty(max(flush, 1), dtype=torch.uint8, device="cuda")
@@ -94,10 +103,14 @@ def vendor_us(op: str, problem: Any, backend: Any) -> float | None:
         import torch
         if not torch.cuda.is_available():
             return None
-        tensors = {n: torch.randn(s.shape, dtype=getattr(torch, s.dtype), device="cuda")
-                   for n, s in problem.inputs().items() if s is not None}
+        specs = {n: s for n, s in problem.inputs().items() if s is not None}
+        tensors = {n: torch.randn(s.shape, dtype=getattr(torch, s.dtype), device="cuda") for n, s in specs.items()}
         fn = build(problem, tensors, torch)
-        return time_torch(fn, torch, flush_bytes(backend.device))
+        prev = _strict_fp32(torch, all(s.dtype == "float32" for s in specs.values()))
+        try:
+            return time_torch(fn, torch, flush_bytes(backend.device))
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev
     except Exception as exc:   # no torch, an op torch lacks (rms_norm before 2.4), a field this does not know
         log.info("no vendor time for %s %s: %s", op, problem.key(), exc)
         return None
