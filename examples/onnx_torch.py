@@ -31,7 +31,7 @@ class TorchGraph:
         host |= {i for n in model.graph.node if n.op_type == "Resize" for i in n.input[1:]}
         self.consts = {}
         for t in model.graph.initializer:
-            value = torch.from_numpy(np.ascontiguousarray(numpy_helper.to_array(t)))
+            value = torch.from_numpy(np.array(numpy_helper.to_array(t), copy=True, order="C"))
             self.consts[t.name] = value if t.name in host else value.to(device)
         self.outputs = [o.name for o in model.graph.output]
         self.steps = [(n, self._op(n)) for n in model.graph.node]
