@@ -188,3 +188,12 @@ def test_session_rewrites_a_plain_model_by_default(rng):
     x = _rand(rng, (64,))
     sess = jo.session(model, providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.where(x > 0, x, np.float32(0.5) * x))
+
+
+def test_one_session_options_object_serves_several_sessions(rng):
+    opts = ort.SessionOptions()
+    model = single_op_model("LeakyRelu", {"x": (16,)}, {}, {"alpha": 0.25})
+    x = _rand(rng, (16,))
+    for _ in range(2):     # ORT refuses a second registration of a domain on the same options
+        y = jo.session(model, providers=["CPUExecutionProvider"], options=opts).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(y, np.where(x > 0, x, np.float32(0.25) * x))

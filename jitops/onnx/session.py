@@ -16,10 +16,19 @@ log = logging.getLogger("jitops.onnx")
 GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
 
 
+MARK = "jitops.custom_ops_registered"
+
+
 def register(options: Any) -> Any:
-    """Register the jitops custom ops on an onnxruntime.SessionOptions (returns it)."""
+    """Register the jitops custom ops on an onnxruntime.SessionOptions (returns it); idempotent."""
     native.connect()
+    try:
+        if options.get_session_config_entry(MARK) == "1":
+            return options      # ORT refuses a second registration of the same domain on one options
+    except Exception:
+        pass
     options.register_custom_ops_library(str(native.library_path()))
+    options.add_session_config_entry(MARK, "1")
     return options
 
 
