@@ -3,11 +3,12 @@
 Least squares on log(estimated / measured time) over every timed candidate, then a report of
 what the heuristic would pick per problem and how far that is from the fastest candidate.
 
-Usage: python3 scripts/conv2d_fit.py SWEEP.json [SWEEP2.json ...] [--device-name "NVIDIA H200"]
+Usage: python3 scripts/conv2d_fit.py docs/data/conv2d_sweep_h200_*.json.gz [--device-name "NVIDIA H200"]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -26,16 +27,16 @@ from jitops.ops import get_op  # noqa: E402
 from jitops.ops.base import Schedule, TensorSpec  # noqa: E402
 
 SCALARS = ("occ_floor", "occ_warps", "overhead_slices", "gemm_mem_eff", "elem_eff", "launch_s",
-           "direct_rate", "direct_cot", "naive_rate")
+           "direct_rate", "direct_load", "direct_lds", "direct_sync", "naive_rate")
 BOUNDS = {"occ_floor": (0.05, 0.95), "occ_warps": (2, 40), "overhead_slices": (0, 40),
-          "gemm_mem_eff": (0.2, 1.2), "elem_eff": (0.2, 1.2), "launch_s": (0.2e-6, 6e-6), "direct_rate": (0.02, 1.0),
-          "direct_cot": (1, 64), "naive_rate": (0.005, 0.5)}
+          "gemm_mem_eff": (0.2, 1.2), "elem_eff": (0.2, 1.2), "launch_s": (0.2e-6, 6e-6), "direct_rate": (0.02, 2.0),
+          "direct_load": (0.1, 400), "direct_lds": (0.05, 8), "direct_sync": (0, 2000), "naive_rate": (0.005, 0.5)}
 
 
 def load(paths):
     rows = []
     for path in paths:
-        with open(path) as f:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             d = json.load(f)
         for key, e in d["problems"].items():
             name, dtype = key.split()

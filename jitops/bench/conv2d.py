@@ -78,7 +78,9 @@ def op_problem(cp: ConvProblem, dtype: str) -> Any:
 
 
 def variants(ctx: Context, cp: ConvProblem, dtype: str) -> list[str]:
-    """The scheduler's pick, then (all) every applicable algorithm forced; naive for fp32 always."""
+    """The engine's pick ("heuristic": a tuning record if one applies, else the cost model), then
+    (all) the cost model's own pick ("model") and every applicable algorithm forced (each at the
+    model's best parameters for it); naive for fp32 always."""
     from ..ops import get_op
     op = get_op(OP)
     if dtype == "float16":
@@ -86,12 +88,22 @@ def variants(ctx: Context, cp: ConvProblem, dtype: str) -> list[str]:
     out = ["heuristic"]
     if ctx.algorithms == "all":
         p = op_problem(cp, dtype)
-        out += [a for a in op.ALGORITHMS if a != "naive" and op.applicable(p, a)
-                and not (a == "implicit_gemm" and p.is_pointwise)]     # there it is gemm_1x1
+        out += ["model"] + [a for a in op.ALGORITHMS if a != "naive" and op.applicable(p, a)
+                            and not (a == "implicit_gemm" and p.is_pointwise)]     # there it is gemm_1x1
     return out + ["naive"]
 
 
-def schedule_text(cp: ConvProblem, dtype: str, forced: str | None) -> str:
+def _forced(cp: ConvProblem, dtype: str, variant: str) -> Any:
+    """The schedule argument for a variant: None (engine's choice), a Schedule or an algorithm name."""
+    if variant == "heuristic":
+        return None
+    if variant == "model":
+        from ..ops import get_op
+        return get_op(OP).heuristic(op_problem(cp, dtype), jitops.get_backend().device)
+    return variant
+
+
+def schedule_text(cp: ConvProblem, dtype: str, forced: Any) -> str:
     from ..engine import select_schedule
     from ..ops import get_op
     op = get_op(OP)
@@ -99,7 +111,7 @@ def schedule_text(cp: ConvProblem, dtype: str, forced: str | None) -> str:
     return f"{sched} [{origin}]"
 
 
-def _tolerance(cp: ConvProblem, dtype: str, forced: str | None) -> float:
+def _tolerance(cp: ConvProblem, dtype: str, forced: Any) -> float:
     from ..engine import select_schedule
     from ..ops import get_op
     op = get_op(OP)
@@ -127,9 +139,9 @@ def _gpu_cases(ctx: Context, cp: ConvProblem, dtype: str) -> Iterator[Case]:
 
     flops = op_problem(cp, dtype).flops
     for variant in variants(ctx, cp, dtype):
-        forced = None if variant == "heuristic" else variant
+        forced = _forced(cp, dtype, variant)
 
-        def check(forced: str | None = forced) -> float:
+        def check(forced: Any = forced) -> float:
             out.fill_(float("nan"))
             jitops.conv2d(x, w, padding=cp.pad, out=out, schedule=forced)
             ref = reference()
@@ -155,7 +167,7 @@ def reference_f64(torch: Any, x: Any, w: Any, pad: int) -> Any:
     return (w.double().reshape(cout, -1) @ cols).reshape(n, cout, oh, ow)
 
 
-def _jitops_call(x: Any, w: Any, pad: int, forced: str | None) -> Callable[[], Any]:
+def _jitops_call(x: Any, w: Any, pad: int, forced: Any) -> Callable[[], Any]:
     return lambda: jitops.conv2d(x, w, padding=pad, schedule=forced)
 
 
@@ -168,9 +180,9 @@ def _cpu_cases(ctx: Context, cp: ConvProblem) -> Iterator[Case]:
     ref = op.reference(p, inputs)["y"]
     out = np.empty(ref.shape, np.float32)
     for variant in variants(ctx, cp, "float32"):
-        forced = None if variant == "heuristic" else variant
+        forced = _forced(cp, "float32", variant)
 
-        def check(forced: str | None = forced) -> float:
+        def check(forced: Any = forced) -> float:
             out.fill(np.nan)
             jitops.conv2d(x, w, padding=cp.pad, out=out, schedule=forced)
             err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -193,46 +205,48 @@ def cases(ctx: Context) -> Iterator[Case]:
             yield from _gpu_cases(ctx, cp, "float16")
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Geometric-mean ratio against cuDNN over the fp32 heuristic rows, and speedups over naive."""
-    def key(r: dict[str, Any]) -> str:
-        return r["problem"]
-    heur = {key(r): r for r in rows if r["op"] == OP and r["variant"] == "heuristic"}
-    naive = {key(r): r for r in rows if r["op"] == OP and r["variant"] == "naive"}
-
-    def t(r: dict[str, Any]) -> float:
-        return r["jitops_graph_us"] or r["jitops_us"]
-    ratios = [r["ratio"] for k, r in heur.items() if k.endswith("float32") and r.get("ratio")]
+def summarize(rows: list[dict[str, Any]], variant: str = "heuristic") -> dict[str, Any]:
+    """Geometric-mean ratio against cuDNN over the fp32 rows of one variant, and speedups over naive."""
+    picked = {r["problem"]: r for r in rows if r["op"] == OP and r["variant"] == variant}
+    naive = {r["problem"]: r for r in rows if r["op"] == OP and r["variant"] == "naive"}
+    ratios = [r["ratio"] for k, r in picked.items() if k.endswith("float32") and r.get("ratio")]
     geo = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
-    speedups = {k: t(naive[k]) / t(r) for k, r in heur.items() if k in naive and t(r)}
+    speedups = {k: _t(naive[k]) / _t(r) for k, r in picked.items() if k in naive and _t(r)}
     return {"fp32_geomean_vs_cudnn": geo, "fp32_min_vs_cudnn": min(ratios) if ratios else None,
             "speedup_over_naive": speedups}
 
 
+def _t(r: dict[str, Any]) -> float:
+    return r["jitops_graph_us"] or r["jitops_us"]
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """docs/performance.md rows from a `jitops bench --json` report: the scheduler's pick per problem."""
+    """docs/performance.md rows from a `jitops bench --json` report."""
     env = report["environment"]
     rows = [r for r in report["rows"] if r["op"] == OP]
-    naive = {r["problem"]: r for r in rows if r["variant"] == "naive"}
+    by = {(r["problem"], r["variant"]): r for r in rows}
     peak = PEAK_FP32.get(env["arch"])
-    lines = ["| problem | jitops us | cuDNN us | ratio | TFLOP/s | % fp32 peak | vs naive | schedule |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| problem | jitops us | cuDNN us | ratio | TFLOP/s | % fp32 peak | vs naive | model pick us (ratio) | "
+             "jitops schedule [origin] |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["variant"] != "heuristic":
             continue
-        jt = r["jitops_graph_us"] or r["jitops_us"]
+        jt = _t(r)
         vt = r["vendor_graph_us"] or r["vendor_us"]
-        nv = naive.get(r["problem"])
-        speed = f"{(nv['jitops_graph_us'] or nv['jitops_us']) / jt:.1f}x" if nv else "-"
+        nv = by.get((r["problem"], "naive"))
+        md = by.get((r["problem"], "model"))
+        speed = f"{_t(nv) / jt:.1f}x" if nv else "-"
         pct = f"{100 * r['tflops'] / peak:.0f}%" if peak and r["tflops"] else "-"
-        sched = r["schedule"].split(" [")[0]
+        model = f"{_t(md):.1f} ({_f(md['ratio'], '.2f')})" if md else "-"
         lines.append(f"| {r['problem']} | {_f(jt, '.1f')} | {_f(vt, '.1f')} | {_f(r['ratio'], '.2f')} | "
-                     f"{_f(r['tflops'], '.2f')} | {pct} | {speed} | `{sched}` |")
-    s = summarize(rows)
+                     f"{_f(r['tflops'], '.2f')} | {pct} | {speed} | {model} | `{r['schedule']}` |")
     lines.append("")
-    lines.append(f"fp32 geometric-mean ratio {_f(s['fp32_geomean_vs_cudnn'], '.2f')}, lowest "
-                 f"{_f(s['fp32_min_vs_cudnn'], '.2f')} ({env['device']}, {env['date']}, torch {env.get('torch')}, "
-                 f"cuDNN {env.get('cudnn')})")
+    for variant, label in (("heuristic", "engine's pick"), ("model", "cost model's pick")):
+        s = summarize(rows, variant)
+        if s["fp32_geomean_vs_cudnn"] is not None:
+            lines.append(f"fp32, {label}: geometric-mean ratio {s['fp32_geomean_vs_cudnn']:.2f}, lowest "
+                         f"{s['fp32_min_vs_cudnn']:.2f}")
+    lines.append(f"({env['device']}, {env['date']}, torch {env.get('torch')}, cuDNN {env.get('cudnn')})")
     return "\n".join(lines)
 
 

@@ -43,32 +43,39 @@ def _problem(x: tuple[int, ...], w: tuple[int, ...], dtype: str = "float32", bia
 
 
 def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
-    """Problems and schedules reaching every branch of every template (compile checks)."""
+    """Problems and schedules reaching every branch of every template (compile checks): all of
+    them in fp32, and in fp16 those whose half loads and stores differ."""
     S = schedules
     out: list[tuple[Conv2dProblem, Schedule]] = []
     for dtype in ("float32", "float16"):
+        half = dtype == "float16"
         general = _problem((2, 6, 9, 11), (8, 6, 3, 3), dtype, bias=True, padding=(1, 0, 2, 1), stride=2,
                            activation="leaky_relu")
-        out.append((general, Schedule.make("naive", block=256)))
-        out.append((general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))))               # ci check
-        out.append((general, S.gemm_schedule("split_k", (64, 64, 8, 8, 8), 2)))
-        out.append((general, S.direct_schedule(4, 16, 2, 4, 4, splits=2)))
-        out.append((general, S.direct_schedule(8, 32, 1, 8, 8)))
         resnet = _problem((1, 64, 56, 56), (128, 64, 3, 3), dtype, padding=1, activation="relu")
-        out.append((resnet, S.gemm_schedule("implicit_gemm", (128, 128, 8, 8, 8))))            # y_vec
-        out.append((resnet, S.gemm_schedule("implicit_gemm", (64, 128, 8, 8, 8))))
-        out.append((resnet, S.winograd_schedule("winograd_2x2", (64, 64, 8, 4, 4))))
-        out.append((resnet, S.winograd_schedule("winograd_4x4", (128, 128, 8, 8, 8))))
         odd = _problem((1, 5, 7, 9), (3, 5, 3, 3), dtype, bias=True, padding=1)
-        out.append((odd, S.winograd_schedule("winograd_4x4", (32, 64, 8, 4, 4))))             # no y_vec
         point = _problem((1, 64, 16, 16), (96, 64, 1, 1), dtype, bias=True)
-        out.append((point, S.gemm_schedule("gemm_1x1", (128, 64, 8, 8, 8))))                   # vec B
-        out.append((point, S.gemm_schedule("split_k", (32, 128, 8, 4, 8), 4)))
         odd_point = _problem((2, 12, 5, 5), (20, 12, 1, 1), dtype)
-        out.append((odd_point, S.gemm_schedule("gemm_1x1", (16, 128, 8, 4, 4))))               # scalar B
         depthwise = _problem((1, 16, 20, 20), (16, 1, 3, 3), dtype, bias=True, padding=2, groups=16, dilation=2,
                              activation="relu")
-        out.append((depthwise, S.direct_schedule(8, 16, 1, 1, 1)))
+        out += [
+            (general, Schedule.make("naive", block=256)),
+            (general, S.gemm_schedule("split_k", (64, 64, 8, 8, 8), 2)),               # dense epilogue + reduce
+            (resnet, S.gemm_schedule("implicit_gemm", (128, 128, 8, 8, 8))),          # vector stores
+            (resnet, S.winograd_schedule("winograd_4x4", (128, 128, 8, 8, 8))),       # all stages, vector rows
+            (odd, S.winograd_schedule("winograd_4x4", (32, 64, 8, 4, 4))),            # partial tiles
+            (point, S.gemm_schedule("gemm_1x1", (128, 64, 8, 8, 8))),                 # 16-byte B loads
+            (depthwise, S.direct_schedule(8, 16, 1, 1, 1)),                           # direct, fused epilogue
+        ]
+        if half:
+            continue
+        out += [
+            (general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))),          # channel tail check
+            (general, S.direct_schedule(4, 16, 2, 4, 4, splits=2)),                   # direct, partial sums
+            (resnet, S.winograd_schedule("winograd_2x2", (64, 64, 8, 4, 4))),         # guarded B rows
+            (resnet, S.gemm_schedule("implicit_gemm", (64, 128, 16, 8, 8))),          # BK 16
+            (point, S.gemm_schedule("split_k", (32, 128, 8, 4, 8), 4)),
+            (odd_point, S.gemm_schedule("gemm_1x1", (16, 128, 8, 4, 4))),             # scalar B loads
+        ]
     return out
 
 

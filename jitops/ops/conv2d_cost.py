@@ -9,8 +9,9 @@ Per kernel, time = max(compute, memory) + a launch cost, summed over the plan's 
   memory   bytes that must cross DRAM (inputs once, outputs once, workspaces written and read).
 
 The constants in PARAMS were fitted (scripts/conv2d_fit.py, least squares on log time) to a sweep
-of every candidate schedule on the 15 benchmark problems on an H200 (scripts/conv2d_sweep.py,
-docs/conv2d_sweep_h200.json); docs/conv2d.md lists how well the fit ranks the candidates.
+of every candidate schedule on the 15 benchmark problems and 10 common network layers on an H200
+(scripts/conv2d_sweep.py, docs/data/conv2d_sweep_h200_*.json.gz); docs/conv2d.md says how well the
+fit ranks the candidates.
 """
 from __future__ import annotations
 
@@ -30,22 +31,30 @@ Tile = tuple[int, int, int, int, int]      # bm, bn, bk, tm, tn
 class CostParams:
     # Fraction of a multiprocessor's fp32 rate each GEMM tile sustains with latency hidden.
     tile_rate: dict[Tile, float] = field(default_factory=lambda: {
-        (128, 128, 8, 8, 8): 0.624, (128, 64, 8, 8, 8): 0.551, (64, 128, 8, 8, 8): 0.553,
-        (64, 64, 8, 8, 8): 0.497, (64, 64, 8, 4, 4): 0.323, (32, 128, 8, 4, 8): 0.418,
-        (32, 64, 8, 4, 4): 0.306, (16, 128, 8, 4, 4): 0.290})
+        (128, 128, 16, 8, 8): 0.673, (128, 128, 8, 8, 8): 0.630, (128, 64, 8, 8, 8): 0.568,
+        (128, 32, 8, 8, 4): 0.461, (64, 128, 16, 8, 8): 0.657, (64, 128, 8, 8, 8): 0.569,
+        (64, 64, 16, 8, 8): 0.585, (64, 64, 8, 8, 8): 0.519, (64, 64, 8, 4, 4): 0.321,
+        (64, 32, 8, 8, 4): 0.400, (32, 128, 16, 4, 8): 0.489, (32, 128, 8, 4, 8): 0.425,
+        (32, 64, 8, 4, 8): 0.393, (32, 64, 8, 4, 4): 0.308, (32, 32, 8, 4, 4): 0.303,
+        (16, 128, 8, 4, 4): 0.290})
     # The same for the Winograd GEMMs (B a plain matrix, short reductions when channels are few).
     matrix_tile_rate: dict[Tile, float] = field(default_factory=lambda: {
-        (128, 128, 8, 8, 8): 0.746, (128, 64, 8, 8, 8): 0.509, (64, 128, 8, 8, 8): 0.549,
-        (64, 64, 8, 8, 8): 0.697, (64, 64, 8, 4, 4): 0.493, (32, 128, 8, 4, 8): 0.483,
-        (32, 64, 8, 4, 4): 0.464, (16, 128, 8, 4, 4): 0.435})
-    occ_floor: float = 0.273          # fraction of the rate reached with one warp per multiprocessor
-    occ_warps: float = 11.4           # warps per multiprocessor that hide the latency
-    overhead_slices: float = 0.0      # prologue + epilogue of a block, in BK slices
-    gemm_mem_eff: float = 1.2         # fraction of DRAM bandwidth a GEMM's own traffic reaches (L2 helps)
-    elem_eff: float = 0.82            # transform and reduction kernels
-    launch_s: float = 1.9e-6          # per kernel (graph replay); eager calls add host time
-    direct_rate: float = 0.288
-    direct_cot: float = 8.7           # output channels per block at which FMAs, not loads, set the pace
+        (128, 128, 16, 8, 8): 0.723, (128, 128, 8, 8, 8): 0.758, (128, 64, 8, 8, 8): 0.516,
+        (128, 32, 8, 8, 4): 0.439, (64, 128, 16, 8, 8): 0.706, (64, 128, 8, 8, 8): 0.554,
+        (64, 64, 16, 8, 8): 0.629, (64, 64, 8, 8, 8): 0.711, (64, 64, 8, 4, 4): 0.489,
+        (64, 32, 8, 8, 4): 0.540, (32, 128, 16, 4, 8): 0.596, (32, 128, 8, 4, 8): 0.484,
+        (32, 64, 8, 4, 8): 0.544, (32, 64, 8, 4, 4): 0.463, (32, 32, 8, 4, 4): 0.400,
+        (16, 128, 8, 4, 4): 0.431})
+    occ_floor: float = 0.22           # fraction of the rate reached with one warp per multiprocessor
+    occ_warps: float = 11.3           # warps per multiprocessor that hide the latency
+    overhead_slices: float = 0.0      # prologue + epilogue of a block, in BK slices (fitted: none)
+    gemm_mem_eff: float = 1.2         # DRAM bytes a GEMM moves are mostly L2 hits: rarely the limit
+    elem_eff: float = 0.81            # transform and reduction kernels, of the copy bandwidth
+    launch_s: float = 2.0e-6          # per kernel (graph replay); eager calls add host time
+    direct_rate: float = 0.81         # of the fp32 issue rate, for the direct kernel's slots below
+    direct_load: float = 54.0         # issue slots per element staged into shared memory (latency)
+    direct_lds: float = 0.72          # per shared-memory read in the inner loop
+    direct_sync: float = 195.0        # per chunk (two barriers)
     naive_rate: float = 0.021
 
 
@@ -109,6 +118,35 @@ def gemm_time(prm: CostParams, device: DeviceInfo, mach: Machine, tile: Tile, m:
     return per_sm * 2.0 * bm * bn * bk * (slices + prm.overhead_slices) / rate
 
 
+def direct_splits(p: Conv2dProblem, s: Schedule) -> int:
+    cic = min(int(s["cic"]), p.cin_g)
+    per_split = round_up(ceil_div(p.cin_g, max(1, int(s.get("splits", 1)))), cic)
+    return ceil_div(p.cin_g, per_split)
+
+
+def direct_time(prm: CostParams, p: Conv2dProblem, s: Schedule, device: DeviceInfo, mach: Machine) -> float:
+    """Per input-channel chunk each thread stages its share of the tile (and weights) through shared
+    memory, waits at two barriers, then per channel and tap reads PW inputs and COT weights from
+    shared memory for PW x COT FMAs: counted in FMA-issue slots, at direct_rate of the fp32 rate."""
+    th, tw, pw, cot, cic = (int(s[k]) for k in ("th", "tw", "pw", "cot", "cic"))
+    cot, cic = min(cot, p.cout_g), min(cic, p.cin_g)
+    splits = direct_splits(p, s)
+    chunks = ceil_div(ceil_div(p.cin_g, splits), cic)
+    threads = th * tw // pw
+    iht = (th - 1) * p.stride[0] + (p.kh - 1) * p.dilation[0] + 1
+    iwt = (tw - 1) * p.stride[1] + (p.kw - 1) * p.dilation[1] + 1
+    taps = p.kh * p.kw
+    per_thread = (prm.direct_load * (cic * iht * iwt + cic * taps * cot) / threads
+                  + cic * taps * (pw * cot + prm.direct_lds * (pw + cot)) + prm.direct_sync)
+    blocks = ceil_div(p.oh, th) * ceil_div(p.ow, tw) * p.groups * ceil_div(p.cout_g, cot) * p.n * splits
+    per_sm = ceil_div(blocks, device.multiprocessors)
+    shared = direct_shared_bytes(p, th, tw, cot, cic)
+    resident = max(1, min(2048 // threads, device.shared_per_multiprocessor // max(1, shared), 32))
+    warps = min(per_sm, resident) * threads / device.warp_size
+    fma_rate = mach.flops_per_sm / 2 * prm.direct_rate * _occupancy(prm, warps)
+    return per_sm * chunks * per_thread * threads / fma_rate
+
+
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams = PARAMS) -> float:
     """Estimated seconds for one call (graph replay)."""
     mach = machine(device)
@@ -127,19 +165,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams 
     if alg == "naive":
         return prm.launch_s + max(p.flops / (mach.flops_per_sm * device.multiprocessors * prm.naive_rate), io)
     if alg == "direct":
-        th, tw, pw, cot, cic = (int(s[k]) for k in ("th", "tw", "pw", "cot", "cic"))
-        cot = min(cot, p.cout_g)
-        per_split = round_up(ceil_div(p.cin_g, max(1, int(s.get("splits", 1)))), min(cic, p.cin_g))
-        splits = ceil_div(p.cin_g, per_split)
-        threads = th * tw // pw
-        blocks = ceil_div(p.oh, th) * ceil_div(p.ow, tw) * p.groups * ceil_div(p.cout_g, cot) * p.n * splits
-        per_sm = ceil_div(blocks, device.multiprocessors)
-        shared = direct_shared_bytes(p, th, tw, cot, min(cic, p.cin_g))
-        resident = max(1, min(2048 // threads, device.shared_per_multiprocessor // max(1, shared), 32))
-        warps = min(per_sm, resident) * threads / device.warp_size
-        flops = 2.0 * th * tw * cot * per_split * p.kh * p.kw
-        rate = mach.flops_per_sm * prm.direct_rate * min(1.0, cot / prm.direct_cot) * _occupancy(prm, warps)
-        return prm.launch_s + max(per_sm * flops / rate, io) + reduction(splits)
+        return prm.launch_s + max(direct_time(prm, p, s, device, mach), io) + \
+            reduction(direct_splits(p, s))
     if alg in ("implicit_gemm", "gemm_1x1", "split_k"):
         tile: Any = tuple(int(s[k]) for k in ("bm", "bn", "bk", "tm", "tn"))
         slices = p.kh * p.kw * ceil_div(p.cin_g, tile[2])

@@ -58,15 +58,16 @@ def _split_options(p: Conv2dProblem) -> list[int]:
 
 def _direct_options(p: Conv2dProblem) -> list[Schedule]:
     out = []
-    cot_max = _pow2_at_most(p.cout_g, 8)
-    cic = _pow2_at_most(p.cin_g, 8)
-    tw = 32 if p.ow > 16 else 16
-    for th in (4, 8):
+    cots = sorted({_pow2_at_most(p.cout_g, 8), _pow2_at_most(p.cout_g, 16)})
+    cic = min(p.cin_g, 8)
+    shapes = [(4, 32), (8, 32), (2, 64)] if p.ow > 16 else [(4, 16), (8, 16)]
+    for th, tw in shapes:
         for pw in (1, 2):
-            for splits in (1, 2, 4, 8, 16):
-                if splits > 1 and p.cin_g < 4 * splits:
-                    continue
-                out.append(direct_schedule(th, tw, pw, cot_max, cic, splits))
+            for cot in cots:
+                for splits in (1, 2, 4, 8, 16):
+                    if splits > 1 and p.cin_g < 4 * splits:
+                        continue
+                    out.append(direct_schedule(th, tw, pw, cot, cic, splits))
     return out
 
 
