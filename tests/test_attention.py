@@ -208,7 +208,9 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
     assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
     assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
     big = op.heuristic(problem("float16", 64, sq=2048), h100)
-    assert big["row_groups"] == 2 and "matrix cores" in big.why
+    assert (big["warps"], big["row_groups"]) == (8, 1) and "matrix cores" in big.why
+    small = op.heuristic(problem("float16", 64, sq=16), h100)      # few rows: smaller blocks, more of them
+    assert 16 * small["warps"] * small["row_groups"] < 128
 
 
 def test_matrix_core_schedule_is_refused_on_the_emulator(emu, rng):
