@@ -54,9 +54,10 @@ def _tile_cost(device: DeviceInfo, blocks: int, rows_per_block: int) -> float:
 # ---------------------------------------------------------------- schedules per algorithm
 
 # (warps, row groups per warp) to try, preferred first on equal cost. Measured on an H200
-# (2026-11-22, D=64): 8 warps x 1 group beat 4 x 2 by 3% (B=256, S=128), 12% (B=8, H=16, S=2048)
-# and 20% (causal): 16 warps per multiprocessor (118 registers) hide latency better than 8 warps
-# holding two groups each (209 registers), although the latter read K/V fragments half as often.
+# (2026-11-22, D=64, docs/performance.md): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256
+# S=128 and B=8 H=16 S=2048 (causal too): 16 warps per multiprocessor (119 registers) hide latency
+# better than 8 warps holding two groups each (209 registers), although the latter read K/V
+# fragments half as often.
 # Larger D: one group per warp (registers); 4 warps keep two blocks per multiprocessor.
 MMA_SHAPES_UP_TO_64 = ((8, 1), (4, 2), (4, 1), (2, 1))
 MMA_SHAPES_ABOVE_64 = ((4, 1), (2, 1))
