@@ -92,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default="group_norm,layer_norm,batch_norm,rms_norm")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later problems get heuristic + torch only")
+    ap.add_argument("--only", default="", help="comma-separated substrings: sweep only problems whose label has one")
     ap.add_argument("--json")
     args = ap.parse_args()
     ctx = make_context(quick=False, algorithms="heuristic")
@@ -105,6 +106,8 @@ def main() -> None:
     for op_name in args.ops.split(","):
         op = get_op(op_name)
         for label, problem in BENCH[op_name].problems(ctx):
+            if args.only and not any(k and k in label for k in args.only.split(",")):
+                continue
             ins = torch_inputs(ctx, op_name, problem)
             ref = torch_reference(op_name, problem, ins)
             scale = float(ref.abs().max())

@@ -93,12 +93,14 @@ def test_half(emu, rng, algorithm):
     dict(algorithm="warp", tpr=4, stats="sumsq"),
     dict(algorithm="block", tpr=64, stats="welford"),                # 8 vectors per thread
     dict(algorithm="block", tpr=64, stats="sumsq"),
+    dict(algorithm="block", tpr=192, stats="welford"),               # 3 or 6 warps: not a power of two
     dict(algorithm="block", tpr=128, store="smem"),                  # the row in shared memory
     dict(algorithm="block", tpr=64, waves=1),                        # fewer blocks than rows: loop
     dict(algorithm="stream", tpr=64, unroll=2, stats="sumsq"),       # rows longer than the block
     dict(algorithm="stream", tpr=128, unroll=4, waves=1),
     dict(algorithm="split", tpr=64, unroll=2, chunks=3),             # grid reduction
     dict(algorithm="split", tpr=64, unroll=1, chunks=7, stats="sumsq"),
+    dict(algorithm="split", tpr=192, unroll=1, chunks=3),
 ])
 def test_forced_schedules(emu, rng, params):
     from jitops.ops.norm_common import row_heuristic

@@ -35,9 +35,7 @@ log = logging.getLogger("jitops.ops.norm")
 ROW_ALGORITHMS = ("warp", "block", "stream", "split", "naive")
 LAYER_STATS = ("two_pass", "welford", "sumsq")
 MAX_THREADS_PER_SM = 2048
-REG_ROW_BYTES = 32 << 10        # rows up to this size stay in registers
-SMEM_ROW_BYTES = 100 << 10      # ... and up to this size in shared memory (when the device has it)
-STREAMING_BYTES = 256 << 10     # tensors from this size on use evict-first accesses (read once)
+REG_ROW_BYTES = 32 << 10        # rows up to this size stay in registers, longer ones in shared memory
 
 
 # ---------------------------------------------------------------- argument checks
@@ -172,14 +170,22 @@ def _pow2_ceil(n: int) -> int:
 
 
 def _block_shape(lenv: int, warp: int, max_items: int = 8) -> tuple[int, int]:
-    """(threads per row, vectors per thread) for a block per row: little padding, ~4 vectors each."""
+    """(threads per row, vectors per thread) for a block per row.
+
+    From an H200 sweep (scripts/sweep_norms.py, 2026-11-22): what pays is several resident
+    blocks per multiprocessor (their load and reduce phases overlap; 1-2 big blocks per SM ran
+    at 40-67% of copy), 2 to 8 vectors per thread, at least 128 threads, little padding.
+    Registers: about 30 + 5 per 16-byte vector (ptxas: 7 vectors 56, 4 vectors 42-52).
+    """
     best: tuple[float, int, int] | None = None
     for items in range(1, max_items + 1):
         tpr = ceil_div(ceil_div(lenv, items), warp) * warp
         if tpr > 1024 or (items > 1 and tpr < 2 * warp):
             continue
         waste = (items * tpr - lenv) / lenv
-        score = waste + 0.01 * abs(items - 4)
+        regs = 30 + 5 * items
+        resident = min(MAX_THREADS_PER_SM // tpr, 65536 // (tpr * regs), 32)
+        score = waste + 0.03 * max(0, 4 - resident) + 0.005 * abs(items - 4) + (0.02 if tpr < 128 else 0.0)
         if best is None or score < best[0]:
             best = (score, tpr, items)
     if best is None:
@@ -197,14 +203,17 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
     vbytes = vec * itemsize
     warp = device.warp_size
     sms = device.multiprocessors
-    why = [f"{spec.rows} rows of {spec.length} {spec.dtype} ({spec.row_bytes} bytes)"]
-    streaming = spec.numel * itemsize >= STREAMING_BYTES
+    what = (f"{spec.rows} groups of {spec.cpg} channels x {spec.plane} =" if spec.groups else f"{spec.rows} rows of")
+    why = [f"{what} {spec.length} {spec.dtype} elements ({spec.row_bytes} bytes each)"]
+    # Evict-first loads/stores lost to plain ones in 12 of 13 same-schedule pairs of the H200
+    # sweep (e.g. group norm fp16 seed shape 66% -> 92% of copy): off unless a schedule asks.
+    streaming = False
     if algorithm is None:
-        smem_ok = lenv * vbytes <= min(SMEM_ROW_BYTES, device.shared_per_block_optin - 1024)
+        smem_ok = lenv * vbytes <= device.shared_per_block_optin - 2048
         if spec.length > INT32_MAX:
             algorithm = "naive"
             why.append("a row past 2^31 elements: only the naive kernel indexes rows in 64 bits")
-        elif lenv <= 8 * warp:
+        elif lenv <= 4 * warp:
             algorithm = "warp"
             why.append(f"short rows: {min(warp, _pow2_ceil(ceil_div(lenv, 4)))} lanes per row, shuffles only")
         elif spec.row_bytes <= REG_ROW_BYTES:
@@ -240,7 +249,7 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
     elif algorithm == "block":
         store = over.pop("store", "regs")
         if store == "smem":
-            tpr = int(over.pop("tpr", 1024 if lenv >= 4096 else 512))
+            tpr = int(over.pop("tpr", 512))
             items = int(over.pop("items", ceil_div(lenv, tpr)))
         else:
             tpr0, items0 = _block_shape(lenv, warp)
@@ -250,7 +259,7 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
         params = dict(vec=vec, tpr=tpr, items=items, block=tpr, store=store, stats=stats,
                       waves=int(over.pop("waves", 0)), streaming=streaming)
     elif algorithm == "stream":
-        tpr = int(over.pop("tpr", 512 if lenv >= 4096 else 256))
+        tpr = int(over.pop("tpr", 256))
         params = dict(vec=vec, tpr=tpr, unroll=int(over.pop("unroll", 4)), stats=stats,
                       waves=int(over.pop("waves", 0)), streaming=streaming)
     else:  # split
@@ -432,11 +441,11 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
     if channel:
         apply = affine_launch(f"{name}_split_apply", spec.dtype, spec.numel, spec.plane, planes, device,
                               vec=vector_width(spec.plane * spec.cpg, ITEMSIZE[spec.dtype]), unroll=aunroll,
-                              block=ablock, per_plane=True, coef="stats", out=out, streaming=True)
+                              block=ablock, per_plane=True, coef="stats", out=out, streaming=False)
     else:
         nvec = spec.numel // vec
         grid = max(1, min(ceil_div(nvec, ablock * aunroll), 64 * device.multiprocessors))
-        aparams = dict(_common_params(spec, vec, params["stats"]), block=ablock, unroll=aunroll)
+        aparams = dict(_common_params(spec, vec, params["stats"]), block=ablock, unroll=aunroll, streaming=False)
         idx = aparams["index_type"]
         args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf("stats"),
                 Buf(out), Scalar("i32" if idx == "int" else "i64", nvec)]
