@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import ITEMSIZE, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
+from .base import TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
 
 NAME = "attention"
 INPUTS = ("q", "k", "v", "mask")
@@ -239,7 +239,3 @@ def tolerance(problem: AttentionProblem, schedule: Any) -> tuple[float, float]:
     if problem.dtype == "float32":
         return (2e-5, 2e-5)
     return (2e-3, 2e-3)
-
-
-def itemsize(dtype: str) -> int:
-    return ITEMSIZE[dtype]

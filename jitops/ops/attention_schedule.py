@@ -150,6 +150,8 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
             return _mma_schedule(p, device)
         if p.d in SIMT_HEAD_DIMS:
             return _simt_schedule(p, device)
+        log.debug("attention D=%d: no fused kernel, three_stage with a %d-byte score workspace", p.d,
+                  4 * p.batch * p.heads * p.sq * p.sk)
         return _three_stage_schedule(p, device, why=f"D={p.d} has no fused kernel (fused: {SIMT_HEAD_DIMS}; "
                                                     f"fused_mma: multiples of 16 up to 128)")
     _check_applicable(p, device, algorithm)
@@ -261,7 +263,8 @@ def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> P
     params = {**_common_params(p, idx), "block": block}
     args = (Buf("q"), Buf("k"), Buf("v"), *_mask_args(p, idx), Buf("out"), *tail, Scalar("i32", p.d),
             Scalar("i32", per_head), Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
-    return Plan(launches=(Launch.make(TEMPLATES["naive"], "attention_naive", params, (bh * per_head,), (block,), args),))
+    launch = Launch.make(TEMPLATES["naive"], "attention_naive", params, (bh * per_head,), (block,), args)
+    return Plan(launches=(launch,))
 
 
 def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, scale_log2: float,
@@ -323,7 +326,8 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
     pv = tuple(int(x) for x in schedule["pv_tile"])
     for name, (bm, bn, bk, tm, tn) in (("qk_tile", qk), ("pv_tile", pv)):
         threads = (bm // tm) * (bn // tn)
-        if bm % tm or bn % tn or tm % 4 or tn % 4 or threads % device.warp_size or threads > device.max_threads_per_block:
+        if (bm % tm or bn % tn or tm % 4 or tn % 4 or threads % device.warp_size
+                or threads > device.max_threads_per_block):
             raise ScheduleError(f"attention three_stage: {name} {bm}x{bn} with {tm}x{tn} per thread does not fit "
                                 f"{device.name}")
     if scores:
