@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jitops  # noqa: E402
 from jitops import engine  # noqa: E402
-from jitops.bench.conv2d import PROBLEMS, op_problem, reference_f64  # noqa: E402
+from jitops.bench.conv2d import PROBLEMS, reference_f64  # noqa: E402
 from jitops.bench.timing import Timer  # noqa: E402
 from jitops.ops import get_op  # noqa: E402
 from jitops.ops.base import Schedule  # noqa: E402
@@ -150,7 +150,7 @@ def main():
     dst = torch.empty_like(src)
     us = timer.per_call_us(lambda: dst.copy_(src), n=10, trials=3)
     copy_gbs = 2 * src.numel() * 4 / (us * 1e-6) / 1e9
-    del a, src, dst
+    a = src = dst = None   # free the device memory
     print(f"{torch.cuda.get_device_name()} fp32 GEMM {gemm_tflops:.1f} TFLOP/s, copy {copy_gbs:.0f} GB/s", flush=True)
 
     results = {"device": torch.cuda.get_device_name(), "sms": device.multiprocessors, "gemm_tflops": gemm_tflops,
@@ -205,7 +205,7 @@ def main():
                                                                                  **tattrs))
                                    for text, s in picks.items()}
         results["problems"][f"{name} {dtype}"] = entry
-        del x, w, ref, out
+        x = w = ref = out = None   # free the device memory before the next problem
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

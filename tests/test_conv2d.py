@@ -13,7 +13,7 @@ import jitops
 from jitops.errors import ArgumentError, ScheduleError
 from jitops.ops import get_op
 from jitops.ops.base import Schedule, TensorSpec
-from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule, winograd_schedule
+from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule
 
 from conftest import rel_error
 

@@ -147,7 +147,6 @@ def plan_gemm(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     kt_per_split = ceil_div(kt, splits_wanted)
     splits = ceil_div(kt, kt_per_split)
     ohw = p.oh * p.ow
-    threads = (bm // tm) * (bn // tn)
     b_vec = 4 if pointwise and ohw % 4 == 0 and s.get("vec", True) else 1
     np_ = round_up(p.pixels, 4)
     x, w, y = _numel(p)
