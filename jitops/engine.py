@@ -19,7 +19,8 @@ from . import arrays, codegen
 from .cache import loader
 from .device import DeviceInfo
 from .errors import ArgumentError
-from .fastcall import BoundCall, NoFastPath, signature
+from .derived import DerivedCache
+from .fastcall import BoundCall, NoFastPath, signature, torch_identity
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, frozen_items
 from .records import store as record_store
@@ -73,7 +74,8 @@ class Prepared:
     itemsizes: dict[str, int]
     lock: threading.Lock = field(default_factory=threading.Lock)
     persistent: dict[str, int] = field(default_factory=dict)       # workspace name -> pointer
-    fingerprints: dict[str, Any] = field(default_factory=dict)    # derived workspace -> input identity
+    derived: DerivedCache | None = None   # workspaces computed from inputs, per input identity
+    backend: Any = None                   # owner of the persistent and derived memory
 
 
 def kernel_source(device: DeviceInfo, launch: Launch) -> str:
@@ -117,7 +119,8 @@ def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule |
     steps = [_make_step(op.NAME, l, backend, sizes) for l in plan.launches]
     prep = [_make_step(op.NAME, l, backend, sizes) for l in plan.prepare]
     log.debug("%s %s -> %s [%s]", op.NAME, problem.key(), sched, origin)
-    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, sizes)
+    derived = DerivedCache(plan.workspaces, backend) if any(w.derived_from for w in plan.workspaces) else None
+    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, sizes, derived=derived, backend=backend)
 
 
 # ---------------------------------------------------------------- running
@@ -133,15 +136,27 @@ _cache = _Cache()
 
 
 def clear_prepared() -> None:
+    """Forget every prepared plan (e.g. after tuning records change) and free its device memory."""
     with _cache.lock:
+        for p in _cache.by_call.values():
+            if p.derived is not None:
+                p.derived.release()
+            if p.persistent and p.backend is not None:
+                p.backend.synchronize()
+                for ptr in p.persistent.values():
+                    p.backend.free(ptr)
         _cache.by_call.clear()
         _cache.bound.clear()
 
 
 def _fingerprint(ref: arrays.ArrayRef) -> Any:
-    """Identity of an input's contents, or None when it cannot be known cheaply (then recompute)."""
+    """Identity of an input's contents, or None when it cannot be known cheaply (then recompute).
+
+    torch tensors: pointer and version counter (bumped by every in-place change); host arrays:
+    a hash of the contents. Shape and dtype are fixed within one prepared plan.
+    """
     if ref.kind == "torch":
-        return ("torch", ref.ptr, ref.obj._version, ref.shape, ref.dtype)
+        return torch_identity(ref.obj)
     if ref.host:
         view = arrays.host_view(ref)
         return ("host", hashlib.blake2b(view.reshape(-1).view(np.uint8), digest_size=16).hexdigest())
@@ -255,7 +270,8 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             else:
                 ptrs[name] = (ref.ptr, ref.nbytes)
         for ws in p.plan.workspaces:
-            ptrs[ws.name] = (_workspace(p, ws, backend, primary, staged, results, stream), ws.nbytes)
+            if not ws.derived_from:
+                ptrs[ws.name] = (_workspace(p, ws, backend, primary, staged, results, stream), ws.nbytes)
         with p.lock:
             _run_prepare_steps(p, refs, ptrs, backend, stream)
             for step in p.steps:
@@ -302,19 +318,18 @@ def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef,
     return ptr
 
 
-def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: Mapping[str, tuple[int, int]],
+def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: dict[str, tuple[int, int]],
                        backend: Backend, stream: int) -> None:
+    """Point the derived workspaces at the copy for these inputs; fill it first if it is new."""
     if not p.prepare_steps:
         return
-    stale = False
-    for ws in p.plan.workspaces:
-        if not ws.derived_from:
-            continue
-        fp = tuple(_fingerprint(refs[n]) if n in refs else None for n in ws.derived_from)
-        if any(f is None for f in fp) or p.fingerprints.get(ws.name) != fp:
-            stale = True
-            p.fingerprints[ws.name] = fp
-    if stale:
+    fresh = True
+    if p.derived is not None:
+        ids = tuple(_fingerprint(refs[n]) if n in refs else None for n in p.derived.inputs)
+        wptrs, fresh = p.derived.get(None if any(i is None for i in ids) else ids, stream)
+        sizes = {w.name: w.nbytes for w in p.derived.workspaces}
+        ptrs.update({n: (ptr, sizes[n]) for n, ptr in wptrs.items()})
+    if fresh:
         for step in p.prepare_steps:
             _launch(step, ptrs, p.itemsizes, backend, stream)
 
@@ -348,7 +363,8 @@ def run_pointers(op_name: str, inputs: Mapping[str, tuple[int, TensorSpec] | Non
     primary = next(iter(refs.values()))
     try:
         for ws in prepared.plan.workspaces:
-            ptrs[ws.name] = (_workspace(prepared, ws, backend, primary, staged, {}, stream), ws.nbytes)
+            if not ws.derived_from:
+                ptrs[ws.name] = (_workspace(prepared, ws, backend, primary, staged, {}, stream), ws.nbytes)
         with prepared.lock:
             _run_prepare_steps(prepared, refs, ptrs, backend, stream)
             for step in prepared.steps:

@@ -1,0 +1,66 @@
+"""Workspaces derived from inputs (transformed filters, folded batch-norm parameters) are kept
+per input identity: alternating weights of one shape are each transformed once, and a weight
+changed in place is transformed again."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops import engine
+from jitops.ops import get_op
+from jitops.ops.base import TensorSpec
+
+from conftest import rel_error
+
+op = get_op("conv2d")
+
+
+def _prepared(schedule: str):
+    entries = [p for k, p in engine._cache.by_call.items() if k[0] == "conv2d" and k[2] == schedule]
+    assert entries
+    return entries[-1]
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_alternating_weights_are_transformed_once_each(emu, rng, kind):
+    engine.clear_prepared()
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    ws = [rng.standard_normal((6, 4, 3, 3)).astype(np.float32) for _ in range(3)]
+    problem = op.make_problem({"x": TensorSpec(x.shape, "float32"), "w": TensorSpec(ws[0].shape, "float32")},
+                              {"padding": 1})
+    refs = [op.reference(problem, {"x": x, "w": w})["y"] for w in ws]
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        x_in, w_in = torch.from_numpy(x), [torch.from_numpy(w) for w in ws]
+    else:
+        x_in, w_in = x, ws
+    for _ in range(3):
+        for w, ref in zip(w_in, refs):
+            y = jitops.conv2d(x_in, w, padding=1, schedule="winograd_4x4")
+            assert rel_error(np.asarray(y), ref) <= 1e-4
+    derived = _prepared("winograd_4x4").derived
+    assert derived is not None and len(derived.entries) == 3
+    # In place: same memory, new contents (torch bumps its version counter; numpy is hashed).
+    new = rng.standard_normal(ws[0].shape).astype(np.float32)
+    if kind == "torch":
+        w_in[0].copy_(torch.from_numpy(new))
+    else:
+        ws[0][...] = new
+    y = jitops.conv2d(x_in, w_in[0], padding=1, schedule="winograd_4x4")
+    assert rel_error(np.asarray(y), op.reference(problem, {"x": x, "w": new})["y"]) <= 1e-4
+
+
+def test_eviction_keeps_results_right(emu, rng):
+    engine.clear_prepared()
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    ws = [rng.standard_normal((6, 4, 3, 3)).astype(np.float32) for _ in range(5)]
+    jitops.conv2d(x, ws[0], padding=1, schedule="winograd_2x2")
+    derived = _prepared("winograd_2x2").derived
+    derived.max_entries = 2
+    problem = op.make_problem({"x": TensorSpec(x.shape, "float32"), "w": TensorSpec(ws[0].shape, "float32")},
+                              {"padding": 1})
+    for w in ws + ws[::-1]:
+        y = jitops.conv2d(x, w, padding=1, schedule="winograd_2x2")
+        assert rel_error(y, op.reference(problem, {"x": x, "w": w})["y"]) <= 1e-5
+    assert len(derived.entries) <= 2
