@@ -115,8 +115,9 @@ def variants(device: DeviceInfo) -> list[tuple[GroupNormProblem, Schedule]]:
     """Every template branch: planes that are whole vectors and planes that are not (7x7),
     each strategy and statistic, fp32/fp16, mixed-precision parameters, no parameters."""
     out = []
-    for dtype, ptype in (("float32", "float32"), ("float16", "float16"), ("float16", "float32")):
-        for hw in ((8, 8), (7, 7)):
+    for dtype, ptype, planes in (("float32", "float32", ((8, 8), (7, 7))), ("float16", "float16", ((8, 8),)),
+                                 ("float16", "float32", ((7, 7),))):
+        for hw in planes:
             p = TensorSpec((32,), ptype)
             prob = make_problem({"x": TensorSpec((2, 32, *hw), dtype), "gamma": p, "beta": p}, {"num_groups": 8})
             spec = prob.row_spec()
