@@ -5,11 +5,21 @@ A network often has several layers of one shape with different weights. Keeping 
 copy per weight, least recently used first out, means each weight is transformed once rather
 than on every call that alternates between them. An identity that cannot be known cheaply
 (None) gets a scratch entry that is recomputed on every call.
+
+An identity built from a device pointer (torch: pointer and version counter) only names the same
+contents while the tensor it came from is alive: once it is freed, the allocator hands the same
+address to the next tensor of that size, with a fresh version counter. Entries therefore hold
+weak references to the tensors they were computed from and are dropped when one has died.
+
+The stream an entry was filled or used on may be gone by the time it matters (ONNX Runtime
+destroys a session's stream with the session), so waiting for it is a device-wide synchronize:
+rare (a new stream, an eviction) and valid whatever became of the old stream.
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 
@@ -19,6 +29,10 @@ class _Entry:
     nbytes: int
     stream: int
     shared: bool = False     # another stream has synchronized with the stream that filled it
+    guards: list[weakref.ref] = field(default_factory=list)   # the inputs it was computed from
+
+    def alive(self) -> bool:
+        return all(g() is not None for g in self.guards)
 
 
 class DerivedCache:
@@ -32,29 +46,37 @@ class DerivedCache:
         self.bytes = 0
         self.scratch: _Entry | None = None
 
-    def get(self, identity: Hashable | None, stream: int) -> tuple[dict[str, int], bool]:
+    def get(self, identity: Hashable | None, stream: int, sources: Sequence[Any] = ()) -> tuple[dict[str, int], bool]:
         """Pointers of the derived workspaces for inputs of this identity, and whether they must be
-        (re)computed now by the plan's prepare launches."""
+        (re)computed now by the plan's prepare launches. `sources`: the input objects the identity
+        was read from (kept as weak references; torch tensors), when it names memory, not contents."""
         if identity is None:
             if self.scratch is None:
                 self.scratch = self._allocate(stream)
             elif self.scratch.stream != stream:
-                self.backend.synchronize(self.scratch.stream)   # its last users may still be reading it
+                self.backend.synchronize()          # its last users (on another stream) may still read it
                 self.scratch.stream = stream
             return self.scratch.ptrs, True
         entry = self.entries.get(identity)
+        if entry is not None and not entry.alive():
+            # The memory it was computed from was freed and is now another tensor's: recompute in place.
+            self.backend.synchronize()
+            entry.guards, entry.stream, entry.shared = _guards(sources), stream, False
+            self.entries.move_to_end(identity)
+            return entry.ptrs, True
         if entry is not None:
             self.entries.move_to_end(identity)
             if entry.stream != stream and not entry.shared:
-                self.backend.synchronize(entry.stream)          # filled on another stream: make sure it is done
+                self.backend.synchronize()          # filled on another stream: make sure it is done
                 entry.shared = True
             return entry.ptrs, False
         need = sum(w.nbytes for w in self.workspaces)
         while self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
             _, old = self.entries.popitem(last=False)
-            self.backend.synchronize(old.stream)                # in-flight kernels may still read it
+            self.backend.synchronize()              # in-flight kernels may still read it
             self._free(old)
         entry = self._allocate(stream)
+        entry.guards = _guards(sources)
         self.entries[identity] = entry
         self.bytes += entry.nbytes
         return entry.ptrs, True
@@ -75,10 +97,15 @@ class DerivedCache:
 
     def release(self) -> None:
         """Free every copy (after synchronizing the streams that used them)."""
+        if self.entries or self.scratch:
+            self.backend.synchronize()
         for entry in [*self.entries.values(), *([self.scratch] if self.scratch else [])]:
-            self.backend.synchronize(entry.stream)
             for ptr in entry.ptrs.values():
                 self.backend.free(ptr)
         self.entries.clear()
         self.scratch = None
         self.bytes = 0
+
+
+def _guards(sources: Sequence[Any]) -> list[weakref.ref]:
+    return [weakref.ref(s) for s in sources if s is not None]

@@ -326,7 +326,8 @@ def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: d
     fresh = True
     if p.derived is not None:
         ids = tuple(_fingerprint(refs[n]) if n in refs else None for n in p.derived.inputs)
-        wptrs, fresh = p.derived.get(None if any(i is None for i in ids) else ids, stream)
+        sources = [refs[n].obj for n in p.derived.inputs if n in refs and refs[n].kind == "torch"]
+        wptrs, fresh = p.derived.get(None if any(i is None for i in ids) else ids, stream, sources)
         sizes = {w.name: w.nbytes for w in p.derived.workspaces}
         ptrs.update({n: (ptr, sizes[n]) for n, ptr in wptrs.items()})
     if fresh:

@@ -172,7 +172,8 @@ class BoundCall:
                 if self.derived is not None:
                     ids = tuple(torch_identity(inputs[k]) if k is not None and inputs[k] is not None else None
                                 for k in self.fingerprint_inputs)
-                    wptrs, fresh = self.derived.get(None if None in ids else ids, stream)
+                    sources = [inputs[k] for k in self.fingerprint_inputs if k is not None]
+                    wptrs, fresh = self.derived.get(None if None in ids else ids, stream, sources)
                     work.update(wptrs)
                 if fresh:
                     self._launch(self.prepare_steps, ptrs, work, stream)

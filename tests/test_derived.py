@@ -64,3 +64,42 @@ def test_eviction_keeps_results_right(emu, rng):
         y = jitops.conv2d(x, w, padding=1, schedule="winograd_2x2")
         assert rel_error(y, op.reference(problem, {"x": x, "w": w})["y"]) <= 1e-5
     assert len(derived.entries) <= 2
+
+
+def test_freed_weight_memory_reused_by_a_new_tensor_is_transformed_again(emu, rng):
+    """A new tensor at a freed tensor's address, with a fresh version counter, is not the old weight."""
+    torch = pytest.importorskip("torch")
+    engine.clear_prepared()
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    problem = op.make_problem({"x": TensorSpec(x.shape, "float32"), "w": TensorSpec((6, 4, 3, 3), "float32")},
+                              {"padding": 1})
+    memory = np.empty((6, 4, 3, 3), dtype=np.float32)      # one buffer, two tensors over it in turn
+    for _ in range(3):
+        memory[...] = rng.standard_normal(memory.shape)
+        w = torch.from_numpy(memory)
+        assert w._version == 0
+        y = jitops.conv2d(torch.from_numpy(x), w, padding=1, schedule="winograd_2x2")
+        assert rel_error(y.numpy(), op.reference(problem, {"x": x, "w": memory.copy()})["y"]) <= 1e-5
+        del w, y
+
+
+def test_stale_stream_of_a_scratch_entry_is_not_waited_on(emu, rng):
+    """ORT destroys a session's stream with the session: a later user on another stream must not
+    synchronize the dead one (it costs a device-wide synchronize instead)."""
+    from jitops.derived import DerivedCache
+    from jitops.ops.base import Workspace
+
+    calls = []
+
+    class Recorder:
+        def alloc(self, n): return 1
+        def free(self, p): pass
+        def memset(self, *a): pass
+        def synchronize(self, stream=0): calls.append(stream)
+
+    cache = DerivedCache([Workspace("t", 64, derived_from=("w",))], Recorder())
+    cache.get(None, stream=111)
+    cache.get(None, stream=222)
+    cache.get(("id",), stream=111)
+    cache.get(("id",), stream=333)
+    assert calls == [0, 0]
