@@ -13,9 +13,10 @@ arch merged with the user records (a new measurement replaces an old one).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import time
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Iterator
 
 from ..ops import get_op, op_names
@@ -32,7 +33,6 @@ CONV_SEED000 = [("small_1", 1, 3, 64, 64, 16, 3), ("mobilenet_like", 1, 64, 56, 
 CONV_SEED002 = [("k100_1", 16, 128, 64, 64, 27, 3), ("k100_2", 16, 256, 32, 32, 256, 3),
                 ("k100_3", 16, 64, 128, 128, 64, 3), ("k100_4", 2, 1920, 32, 32, 640, 3),
                 ("k100_5", 2, 640, 64, 64, 640, 3), ("k100_6", 2, 320, 64, 64, 4, 3)]
-NORM_ROWS = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192)]
 
 
 def _spec(shape: tuple[int, ...], dtype: str) -> TensorSpec:
@@ -52,28 +52,20 @@ def _problems(op: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
             yield (f"{name} {dtype}", {"x": _spec((n, cin, h, w), dtype), "w": _spec((cout, cin, k, k), dtype),
                                        "bias": None},
                    {"stride": 1, "padding": pad, "dilation": 1, "groups": 1, "activation": None, "alpha": 0.01})
-    elif op == "attention":
-        for shape, dtype in (((256, 128, 64), "float32"), ((256, 128, 64), "float16"), ((8, 16, 2048, 64), "float16")):
-            s = _spec(shape, dtype)
-            yield f"{'x'.join(map(str, shape))} {dtype}", {"q": s, "k": s, "v": s, "mask": None}, \
-                {"causal": False, "scale": None}
-    elif op == "batch_norm":
-        c = _spec((64,), "float32")
-        yield "256x64x56x56", {"x": _spec((256, 64, 56, 56), "float32"), "mean": c, "var": c, "gamma": c,
-                               "beta": c}, {"eps": 1e-5, "activation": None, "alpha": 0.01}
-    elif op == "group_norm":
-        c = _spec((64,), "float32")
-        yield "256x64x56x56 G=32", {"x": _spec((256, 64, 56, 56), "float32"), "gamma": c, "beta": c}, \
-            {"num_groups": 32, "eps": 1e-5}
-    elif op in ("layer_norm", "rms_norm"):
-        for dtype in ("float32", "float16"):
-            for rows, hidden in NORM_ROWS:
-                g = _spec((hidden,), dtype)
-                inputs = {"x": _spec((rows, hidden), dtype), "gamma": g}
-                if op == "layer_norm":
-                    inputs["beta"] = g
-                yield f"{rows}x{hidden} {dtype}", inputs, {"normalized_shape": hidden,
-                                                           "eps": 1e-5 if op == "layer_norm" else 1e-6}
+
+
+# The bench modules' own problem lists (the full GPU set): records tuned here are the ones
+# `jitops bench` looks up.
+_BENCH_SHAPES = SimpleNamespace(on_gpu=True, quick=False)
+
+
+def _bench_problems(op: str) -> list[tuple[str, Any]]:
+    """(name, problem) of `jitops bench --ops op` on a GPU."""
+    bench = importlib.import_module(f"jitops.bench.{op}")
+    if op == "attention":
+        return [(f"{name} {dtype}", bench._problem(q, kv, dtype, causal))
+                for name, q, kv, dtype, causal in bench.problems(_BENCH_SHAPES)]
+    return bench.problems(_BENCH_SHAPES)
 
 
 BENCH_OPS = ("conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm", "leaky_relu")
@@ -88,8 +80,10 @@ def benchmark_problems(ops: list[str] | None = None) -> list[tuple[str, ModuleTy
             log.warning("%s is not in this build: its benchmark problems are left out", op)
             continue
         mod = get_op(op)
-        for name, inputs, attrs in _problems(op):
-            out.append((name, mod, mod.make_problem(inputs, attrs)))
+        if op in ("leaky_relu", "conv2d"):
+            out += [(name, mod, mod.make_problem(inputs, attrs)) for name, inputs, attrs in _problems(op)]
+        else:
+            out += [(name, mod, problem) for name, problem in _bench_problems(op)]
     return out
 
 
