@@ -20,6 +20,8 @@ pytestmark = pytest.mark.gpu
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
+if hasattr(ort, "preload_dlls") and "CUDAExecutionProvider" in ort.get_available_providers():
+    ort.preload_dlls()      # the CUDA EP's cuDNN / cuBLAS from the nvidia-* wheels beside torch
 
 import jitops  # noqa: E402
 import jitops.onnx as jo  # noqa: E402
@@ -67,9 +69,17 @@ def test_torch_graph_with_jitops_nodes_matches_ort_cpu(gpu, case):
                     reason="this onnxruntime has no CUDA execution provider")
 def test_cuda_execution_provider_device_buffers(gpu, case):
     _, rewritten, x, ref = case
+    from jitops.onnx import kernels
+    before = set(kernels._kernels)
     sess = jo.session(rewritten, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    mine = [k for kid, k in kernels._kernels.items() if kid not in before]
+    jitops_nodes = sum(n.domain == "jitops" for n in rewritten.graph.node)
+    # Every jitops node of this session was placed on the CUDA provider (ORT's device buffers and
+    # stream), none fell back to the CPU provider with staged copies.
+    assert len(mine) == jitops_nodes and all(k.provider == 1 for k in mine), [(k.type.name, k.provider) for k in mine]
     got = sess.run(None, {"image": x})[0]
     assert max_rel_error(got, ref) < 1e-3
+    assert all(k.calls == 1 for k in mine)
 
 
 def _median_ms(fn, reps: int = 20) -> float:
@@ -99,7 +109,15 @@ def test_end_to_end_times(gpu, case):
             "ort_jitops_cpu_ep_gpu_staged": _median_ms(lambda: jit.run(None, {"image": x})),
             "torch_eager_gpu": _median_ms(lambda: torch_run(eager)),
             "torch_graph_jitops_gpu": _median_ms(lambda: torch_run(with_jitops))}
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        # numpy in and out on both sides: each session copies the input up and the output down once.
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        native_cuda = ort.InferenceSession(model.SerializeToString(), providers=providers)
+        jit_cuda = jo.session(rewritten, providers=providers)
+        rows["ort_native_cuda_ep"] = _median_ms(lambda: native_cuda.run(None, {"image": x}))
+        rows["ort_jitops_cuda_ep"] = _median_ms(lambda: jit_cuda.run(None, {"image": x}))
     report = {"device": torch.cuda.get_device_name(), "onnxruntime": ort.__version__, "torch": torch.__version__,
+              "providers": ort.get_available_providers(),
               "model": f"tiny UNet {BATCH}x3x{SIZE}x{SIZE}", "median_ms": rows,
               "date": time.strftime("%Y-%m-%d")}
     print("\n" + json.dumps(report, indent=1))
