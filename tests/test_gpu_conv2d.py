@@ -124,6 +124,21 @@ def test_weight_updates_are_retransformed(algorithm):
           padding=1)
 
 
+@pytest.mark.parametrize("algorithm", ["winograd_4x4", "winograd_2x2"])
+def test_new_weight_at_a_freed_weights_address(algorithm):
+    """torch's caching allocator hands a freed weight's block to the next tensor of its size, with
+    a fresh version counter: its filters must be transformed anew, not taken from the old weight."""
+    x = rand(2, 32, 20, 20)
+    addresses = set()
+    for seed in range(4):
+        w = rand(48, 32, 3, 3, scale=0.1, seed=10 + seed)
+        addresses.add(w.data_ptr())
+        check(jitops.conv2d(x, w, padding=1, schedule=algorithm), x, w, tol=tol_for(torch.float32, algorithm),
+              padding=1)
+        del w
+    assert len(addresses) < 4      # the allocator did reuse memory: the case this test is about
+
+
 def test_stream_and_graph_capture():
     x = rand(4, 64, 32, 32)
     w = rand(64, 64, 3, 3, scale=0.05, seed=7)
