@@ -197,3 +197,30 @@ def test_one_session_options_object_serves_several_sessions(rng):
     for _ in range(2):     # ORT refuses a second registration of a domain on the same options
         y = jo.session(model, providers=["CPUExecutionProvider"], options=opts).run(None, {"x": x})[0]
         np.testing.assert_array_equal(y, np.where(x > 0, x, np.float32(0.25) * x))
+
+
+def test_kernels_in_ort_look_up_the_keys_that_tuning_and_bundles_record(rng):
+    """Float attributes reach the ORT kernels printed with 9 digits, the tuner and bundles read them
+    from the protobuf: both must give one problem key, or tuned schedules and bundle records are
+    silently not applied (and a bundle reload finds no kernel)."""
+    import sys
+    from pathlib import Path
+    from jitops.onnx import kernels
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from make_model import build_model
+    model = build_model(16)
+    shapes = {"image": (1, 3, 16, 16)}
+    expected = {(p.op, p.problem.key()) for p in jo.supported_nodes(model, shapes)}
+    before = set(kernels._kernels)
+    sess = jo.session(model, input_shapes=shapes, providers=["CPUExecutionProvider"])
+    sess.run(None, {"image": rng.standard_normal(shapes["image"]).astype(np.float32)})
+    from jitops.ops import get_op
+    from jitops.ops.base import TensorSpec
+    seen = set()
+    for kid, k in kernels._kernels.items():
+        if kid in before:
+            continue
+        for key, (attrs, _) in k.plans.items():
+            specs = {n: (TensorSpec(s, dt) if s is not None else None) for n, s, dt in key}
+            seen.add((k.type.op, get_op(k.type.op).make_problem(specs, attrs).key()))
+    assert seen and seen == expected, sorted(seen ^ expected)

@@ -8,6 +8,7 @@ function bodies implement the same attributes with standard ONNX ops.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -43,8 +44,20 @@ class OpType:
         raise KeyError(f"jitops::{self.name} has no attribute '{name}'")
 
     def with_defaults(self, node_attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """The node's attributes over the defaults, floats as the float32 values ONNX stores.
+
+        Every path must see the same numbers, because they end up in problem keys (tuning records,
+        bundles): the ONNX protobuf gives float32 values widened exactly, ORT's kernel info gives
+        them printed with 9 digits, a default is written in decimal. Rounding all of them to
+        float32 makes 1e-5, 9.99999975e-06 and 9.999999747378752e-06 one key.
+        """
         out = {a.name: a.default for a in self.attrs if a.default is not None}
         out.update({k: v for k, v in node_attrs.items() if k in {a.name for a in self.attrs}})
+        for a in self.attrs:
+            if a.name in out and a.kind == "float":
+                out[a.name] = _float32(out[a.name])
+            elif a.name in out and a.kind == "floats":
+                out[a.name] = [_float32(v) for v in out[a.name]]
         return out
 
     def op_attrs(self, node_attrs: Mapping[str, Any], input_shapes: Mapping[str, Sequence[int] | None]
@@ -52,6 +65,10 @@ class OpType:
         """The jitops op's attributes (as jitops.<op>() takes them) for a node of this type."""
         a = self.with_defaults(node_attrs)
         return _CONVERT[self.op](self, a, input_shapes)
+
+
+def _float32(v: Any) -> float:
+    return struct.unpack("f", struct.pack("f", float(v)))[0]
 
 
 def _conv(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
