@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Mapping
@@ -76,6 +77,8 @@ class Prepared:
     persistent: dict[str, int] = field(default_factory=dict)       # workspace name -> pointer
     derived: DerivedCache | None = None   # workspaces computed from inputs, per input identity
     backend: Any = None                   # owner of the persistent and derived memory
+    # run_pointers: per-call workspaces kept per stream (stream order makes reuse safe), LRU
+    stream_scratch: OrderedDict[int, dict[str, int]] = field(default_factory=OrderedDict)
 
 
 def kernel_source(device: DeviceInfo, launch: Launch) -> str:
@@ -141,9 +144,9 @@ def clear_prepared() -> None:
         for p in _cache.by_call.values():
             if p.derived is not None:
                 p.derived.release()
-            if p.persistent and p.backend is not None:
+            if (p.persistent or p.stream_scratch) and p.backend is not None:
                 p.backend.synchronize()
-                for ptr in p.persistent.values():
+                for ptr in [*p.persistent.values(), *(q for ws in p.stream_scratch.values() for q in ws.values())]:
                     p.backend.free(ptr)
         _cache.by_call.clear()
         _cache.bound.clear()
@@ -297,16 +300,21 @@ def _launch(step: Step, ptrs: Mapping[str, tuple[int, int]], itemsizes: Mapping[
     step.run(packed, stream)
 
 
+def _persistent(p: Prepared, ws: Any, backend: Backend, stream: int) -> int:
+    """A workspace kept across calls (self-resetting counters): allocated, and zeroed, once."""
+    ptr = p.persistent.get(ws.name)
+    if ptr is None:
+        ptr = backend.alloc(ws.nbytes)
+        if ws.zero:
+            backend.memset(ptr, 0, ws.nbytes, stream)
+        p.persistent[ws.name] = ptr
+    return ptr
+
+
 def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, staged: list[int],
                keep: dict, stream: int) -> int:
     if ws.persistent:
-        ptr = p.persistent.get(ws.name)
-        if ptr is None:
-            ptr = backend.alloc(ws.nbytes)
-            if ws.zero:
-                backend.memset(ptr, 0, ws.nbytes, stream)
-            p.persistent[ws.name] = ptr
-        return ptr
+        return _persistent(p, ws, backend, stream)
     if primary.kind == "torch" and not primary.host:
         obj, ptr = arrays.allocate_like(primary, (ws.nbytes,), "uint8", backend)
         keep[f"__ws_{ws.name}"] = obj
@@ -360,21 +368,45 @@ def run_pointers(op_name: str, inputs: Mapping[str, tuple[int, TensorSpec] | Non
     ptrs = {n: (r.ptr, r.nbytes) for n, r in refs.items()}
     for name, spec in prepared.problem.outputs().items():
         ptrs[name] = (int(outputs[name]), spec.nbytes)
-    staged: list[int] = []
-    primary = next(iter(refs.values()))
-    try:
+    with prepared.lock:
+        scratch = _stream_scratch(prepared, backend, stream)
         for ws in prepared.plan.workspaces:
-            if not ws.derived_from:
-                ptrs[ws.name] = (_workspace(prepared, ws, backend, primary, staged, {}, stream), ws.nbytes)
-        with prepared.lock:
-            _run_prepare_steps(prepared, refs, ptrs, backend, stream)
-            for step in prepared.steps:
-                _launch(step, ptrs, prepared.itemsizes, backend, stream)
-    finally:
-        if staged:   # per-call workspaces: the launches must be done with them first
-            backend.synchronize(stream)
-            for ptr in staged:
-                backend.free(ptr)
+            if ws.persistent:
+                ptrs[ws.name] = (_persistent(prepared, ws, backend, stream), ws.nbytes)
+            elif not ws.derived_from:
+                ptrs[ws.name] = (scratch[ws.name], ws.nbytes)
+                if ws.zero:
+                    backend.memset(scratch[ws.name], 0, ws.nbytes, stream)
+        _run_prepare_steps(prepared, refs, ptrs, backend, stream)
+        for step in prepared.steps:
+            _launch(step, ptrs, prepared.itemsizes, backend, stream)
+
+
+_STREAMS_KEPT = 4
+
+
+def _stream_scratch(p: Prepared, backend: Backend, stream: int) -> dict[str, int]:
+    """The per-call workspaces of `p` for launches on `stream`, allocated once per stream.
+
+    Calls on one stream run in order, so the next call may reuse what the last one used without
+    waiting: no allocation, synchronize and free per call (each of which stalled ONNX Runtime's
+    stream). Other streams get their own copies; the least recently used beyond a few is freed
+    after a device-wide synchronize (its stream may be gone by then).
+    """
+    found = p.stream_scratch.get(stream)
+    if found is not None:
+        p.stream_scratch.move_to_end(stream)
+        return found
+    if len(p.stream_scratch) >= _STREAMS_KEPT:
+        _, old = p.stream_scratch.popitem(last=False)
+        backend.synchronize()
+        for ptr in old.values():
+            backend.free(ptr)
+    found = {ws.name: backend.alloc(ws.nbytes) for ws in p.plan.workspaces
+             if not ws.persistent and not ws.derived_from}
+    p.stream_scratch[stream] = found
+    p.backend = p.backend or backend
+    return found
 
 
 # ---------------------------------------------------------------- compile without running

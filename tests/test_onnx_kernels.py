@@ -41,3 +41,24 @@ def test_registering_the_library_without_jitops_is_a_clear_ort_error():
               f"except Exception as exc:\n    print('error:', exc)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).stdout
     assert "error:" in out and "jitops.onnx.session()" in out, (ort.__version__, out)
+
+
+def test_run_pointers_reuses_per_call_workspaces_per_stream(rng):
+    """The CUDA / ROCm EP path: per-call workspaces (Winograd tiles here) are allocated once per
+    stream and reused, not allocated, synchronized and freed on every call."""
+    x = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    attrs = {"stride": (1, 1), "padding": (1, 1, 1, 1), "dilation": (1, 1), "groups": 1, "activation": None,
+             "alpha": 0.01}
+    ptrs = lambda w: {"x": (x.ctypes.data, TensorSpec(x.shape, "float32")),  # noqa: E731
+                      "w": (w.ctypes.data, TensorSpec(w.shape, "float32")), "bias": None}
+    engine.clear_prepared()
+    for _ in range(3):     # new weights each call: the filter transform is redone, the tiles reused
+        w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+        expected = engine.run("conv2d", {"x": x, "w": w, "bias": None}, attrs, schedule="winograd_2x2")
+        out = np.full(expected.shape, np.nan, dtype=np.float32)
+        engine.run_pointers("conv2d", ptrs(w), attrs, {"y": out.ctypes.data}, stream=0, schedule="winograd_2x2")
+        np.testing.assert_array_equal(out, expected)
+    prepared = [p for k, p in engine._cache.by_call.items() if k[0] == "pointers"]
+    assert len(prepared) == 1 and list(prepared[0].stream_scratch) == [0]
+    assert prepared[0].stream_scratch[0], "this plan has per-call workspaces"
+    engine.clear_prepared()
