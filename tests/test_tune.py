@@ -251,3 +251,20 @@ def test_shipped_run_completes_and_merges_the_shipped_file(cpu, isolated, tmp_pa
     assert "4 tuned now" in capsys.readouterr().out
     assert shipped.main(["--max-candidates", "2", "--no-vendor"]) == 0       # again: answered from records
     assert "0 tuned now, 4 from records" in capsys.readouterr().out
+
+
+def test_activations_that_fit_in_l2_are_timed_warm_and_larger_ones_behind_a_flush():
+    """An activation's input was just written by the layer before it: the tuner times problems that
+    fit in L2 that way (a flush there favoured evict-first schedules that lose in a network)."""
+    from jitops.device import DeviceInfo
+    from jitops.ops import get_op
+    from jitops.ops.base import TensorSpec
+    from jitops.tuning.measure import timed_warm
+    dev = DeviceInfo("cuda", "sm_90", "test GPU", 32, 132, l2_bytes=60 << 20)
+    op = get_op("leaky_relu")
+    small = op.make_problem({"x": TensorSpec((4 << 20,), "float32")}, {"alpha": 0.01})     # 32 MB moved
+    large = op.make_problem({"x": TensorSpec((16 << 20,), "float32")}, {"alpha": 0.01})    # 128 MB moved
+    assert timed_warm(op, small, dev) and not timed_warm(op, large, dev)
+    assert not any(s.get("streaming") for s in op.candidates(small, dev))
+    assert any(s.get("streaming") for s in op.candidates(large, dev))
+    assert not timed_warm(get_op("conv2d"), None, dev)      # ops without the hook: always flushed

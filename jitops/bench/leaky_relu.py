@@ -82,7 +82,8 @@ def _schedule_text(n: int, dtype: str, forced: str | None) -> str:
 
 def cases(ctx: Context) -> Iterator[Case]:
     make = _case_gpu if ctx.on_gpu else _case_cpu
-    variants = ["heuristic"] if ctx.algorithms == "heuristic" else ["heuristic", "naive"]
+    # "vectorized": the heuristic's own parameters, beside the engine's pick (a tuned record if any)
+    variants = ["heuristic"] if ctx.algorithms == "heuristic" else ["heuristic", "vectorized", "naive"]
     for dtype in ("float32", "float16"):
         for n in sizes(ctx):
             for v in variants:

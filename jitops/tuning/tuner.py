@@ -36,6 +36,7 @@ from .progress import bar
 log = logging.getLogger("jitops.tune")
 
 TIMING_METHOD = "device events per call, L2 flushed before each call, median"
+TIMING_WARM = "device events per call, inputs left in L2 (as just written by the op before), median"
 
 
 @dataclass
@@ -331,15 +332,15 @@ def _record(op: ModuleType, problem: Any, backend: Any, result: TuneResult, winn
                                 "time_us": None if result.heuristic_us is None else round(result.heuristic_us, 3),
                                 "check_passed": heur.check is not None and bool(heur.check["passed"])},
                      runners_up=runners, check=winner.check, compiler=backend.compiler_id(),
-                     timing={"method": TIMING_METHOD, "final_reps": len(winner.samples),
-                             "l2_flush_bytes": _flush_size(backend)},
+                     timing={"method": TIMING_METHOD if _flush_size(backend, op, problem) else TIMING_WARM,
+                             "final_reps": len(winner.samples), "l2_flush_bytes": _flush_size(backend, op, problem)},
                      candidates=counts, tuning_seconds=round(result.seconds, 2))
     return rec
 
 
-def _flush_size(backend: Any) -> int:
-    from .measure import flush_bytes
-    return 0 if backend.name == "cpu" else flush_bytes(backend.device)
+def _flush_size(backend: Any, op: ModuleType, problem: Any) -> int:
+    from .measure import flush_bytes, timed_warm
+    return 0 if backend.name == "cpu" or timed_warm(op, problem, backend.device) else flush_bytes(backend.device)
 
 
 def _log_failures(op: ModuleType, problem: Any, cands: list[space.Candidate]) -> None:

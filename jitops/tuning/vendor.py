@@ -12,7 +12,8 @@ import logging
 import statistics
 from typing import Any, Callable
 
-from .measure import flush_bytes
+from ..ops import get_op
+from .measure import flush_bytes, timed_warm
 
 log = logging.getLogger("jitops.tune")
 
@@ -80,13 +81,14 @@ def _strict_fp32(torch: Any, on: bool) -> tuple[bool, bool]:
 
 
 def time_torch(fn: Callable[[], Any], torch: Any, flush: int, reps: int = 25) -> float:
-    """Median per-call time (us), device events around each call, L2 flushed before each."""
+    """Median per-call time (us), device events around each call, L2 flushed before each (flush > 0)."""
     buf = torch.empty(max(flush, 1), dtype=torch.uint8, device="cuda")
     for _ in range(3):
         fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
-        buf.zero_()
+        if flush:
+            buf.zero_()
         start.record()
         fn()
         end.record()
@@ -108,7 +110,8 @@ def vendor_us(op: str, problem: Any, backend: Any) -> float | None:
         fn = build(problem, tensors, torch)
         prev = _strict_fp32(torch, all(s.dtype == "float32" for s in specs.values()))
         try:
-            return time_torch(fn, torch, flush_bytes(backend.device))
+            warm = timed_warm(get_op(op), problem, backend.device)    # the same regime as jitops' timing
+            return time_torch(fn, torch, 0 if warm else flush_bytes(backend.device))
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev
     except Exception as exc:   # no torch, an op torch lacks (rms_norm before 2.4), a field this does not know
