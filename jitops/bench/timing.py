@@ -124,9 +124,7 @@ def same_size_copy_us(timer: Timer, nbytes: int, graph: bool, n: int = 50) -> fl
     key = (nbytes, graph)
     if key not in _SAME_SIZE:
         torch = timer.torch
-        # 4-byte elements: torch copies those with 16-byte accesses at any size (its byte copy
-        # fell to two thirds of that speed on some sizes in the first runs of this column).
-        src = torch.empty(max(nbytes // 8, 1), dtype=torch.float32, device="cuda").uniform_()
+        src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
         fn = lambda: dst.copy_(src)  # noqa: E731
         _SAME_SIZE[key] = timer.graph_us(fn, n=n) if graph else timer.per_call_us(fn, n=n)
