@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .._version import __version__
-from .timing import Timer, copy_bandwidth_gbs, same_size_copy_us
+from .timing import Timer, copy_bandwidth_gbs
 
 log = logging.getLogger("jitops.bench")
 
@@ -75,13 +75,11 @@ class Row:
     ratio: float | None = None          # vendor / jitops (> 1: jitops faster)
     gbs: float | None = None
     pct_copy: float | None = None
-    pct_copy_same_size: float | None = None   # vs a copy of the same bytes, timed the same way
     tflops: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
 def run_case(case: Case, ctx: Context, copy_gbs: float | None) -> Row:
-    """Check, then time jitops and the vendor op (eager and graph replay) in the same run."""
     error = case.check()
     t = ctx.timer
     n = case.repeats or (20 if ctx.quick else 50)
@@ -102,9 +100,6 @@ def run_case(case: Case, ctx: Context, copy_gbs: float | None) -> Row:
         row.gbs = case.bytes / (jt * 1e-6) / 1e9
         if copy_gbs:
             row.pct_copy = 100.0 * row.gbs / copy_gbs
-        same = same_size_copy_us(t, case.bytes, graph=both_graphs, n=n)
-        if same:
-            row.pct_copy_same_size = 100.0 * same / jt
     if case.flops and jt:
         row.tflops = case.flops / (jt * 1e-6) / 1e12
     return row
@@ -123,9 +118,8 @@ def environment(ctx: Context, copy_gbs: float | None) -> dict[str, Any]:
 
 
 def format_table(rows: Iterable[Row]) -> str:
-    """%copy: of the 1 GiB device copy; %cp=: of a copy moving the same bytes, timed the same way."""
     head = f"{'op':<11} {'problem':<24} {'variant':<12} {'jitops us':>10} {'graph us':>9} {'vendor us':>10} " \
-           f"{'graph us':>9} {'ratio':>6} {'GB/s':>7} {'%copy':>6} {'%cp=':>5} {'TFLOP/s':>7}  schedule"
+           f"{'graph us':>9} {'ratio':>6} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>7}  schedule"
     lines = [head, "-" * len(head)]
 
     def f(v: float | None, fmt: str) -> str:
@@ -134,7 +128,7 @@ def format_table(rows: Iterable[Row]) -> str:
     for r in rows:
         lines.append(f"{r.op:<11} {r.problem:<24} {r.variant:<12} {f(r.jitops_us, '10.2f')} "
                      f"{f(r.jitops_graph_us, '9.2f')} {f(r.vendor_us, '10.2f')} {f(r.vendor_graph_us, '9.2f')} "
-                     f"{f(r.ratio, '6.2f')} {f(r.gbs, '7.0f')} {f(r.pct_copy, '6.1f')} {f(r.pct_copy_same_size, '5.0f')} {f(r.tflops, '7.2f')}  "
+                     f"{f(r.ratio, '6.2f')} {f(r.gbs, '7.0f')} {f(r.pct_copy, '6.1f')} {f(r.tflops, '7.2f')}  "
                      f"{r.schedule}")
     return "\n".join(lines)
 

@@ -106,27 +106,3 @@ def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float | None:
     dst = torch.empty_like(src)
     us = timer.per_call_us(lambda: dst.copy_(src), n=20, trials=5)
     return 2 * nbytes / (us * 1e-6) / 1e9
-
-
-_SAME_SIZE: dict[tuple[int, bool], float | None] = {}
-
-
-def same_size_copy_us(timer: Timer, nbytes: int, graph: bool, n: int = 50) -> float | None:
-    """Time of a device-to-device copy moving `nbytes` in all (half read, half written), timed
-    like the op it is compared with (graph replay or back-to-back calls).
-
-    The 1 GiB copy is the bandwidth ceiling; a small op cannot reach it (launch and ramp-up,
-    tail of the last wave), and neither can a copy of its size: this says how close an op comes
-    to the best a kernel of its traffic can do. Below the L2 size both sides may hit in L2.
-    """
-    if not timer.on_device or nbytes < 2:
-        return None
-    key = (nbytes, graph)
-    if key not in _SAME_SIZE:
-        torch = timer.torch
-        src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device="cuda").random_(0, 255)
-        dst = torch.empty_like(src)
-        fn = lambda: dst.copy_(src)  # noqa: E731
-        _SAME_SIZE[key] = timer.graph_us(fn, n=n) if graph else timer.per_call_us(fn, n=n)
-        del src, dst
-    return _SAME_SIZE[key]
