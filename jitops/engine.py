@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class Prepared:
     backend: Any = None                   # owner of the persistent and derived memory
     # run_pointers: per-call workspaces kept per stream (stream order makes reuse safe), LRU
     stream_scratch: OrderedDict[int, dict[str, int]] = field(default_factory=OrderedDict)
+    runner: Any = None                    # pointer_runner's function, made on first use
 
 
 def kernel_source(device: DeviceInfo, launch: Launch) -> str:
@@ -353,33 +354,65 @@ def run_pointers(op_name: str, inputs: Mapping[str, tuple[int, TensorSpec] | Non
     inputs: name -> (device pointer, TensorSpec), or None when absent; outputs: name -> device
     pointer of the problem's output size. Nothing is allocated except the plan's workspaces.
     """
-    backend = backend or current_backend()
-    op = get_op(op_name)
     specs = {n: (v[1] if v is not None else None) for n, v in inputs.items()}
+    runner = pointer_runner(op_name, specs, attrs, backend, schedule)
+    ptrs = {n: v[0] for n, v in inputs.items() if v is not None}
+    ptrs.update(outputs)
+    runner(ptrs, stream)
+
+
+def pointer_runner(op_name: str, specs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any],
+                   backend: Backend | None = None, schedule: Schedule | str | None = None
+                   ) -> Callable[[Mapping[str, int], int], None]:
+    """A function (pointers by input and output name, stream) -> None that runs this problem.
+
+    Everything that does not change between calls (the plan, buffer sizes, argument slots) is
+    worked out here once, so a framework calling per node (ONNX Runtime's CUDA / ROCm EPs) pays
+    only for writing the pointers and launching.
+    """
+    backend = backend or current_backend()
     call_key = ("pointers", op_name, id(backend), schedule, tuple(specs.items()), frozen_items(attrs))
     prepared = _cache.by_call.get(call_key)
     if prepared is None:
         backend.require_device(f"run {op_name}")
-        prepared = prepare(op, op.make_problem(specs, attrs), backend, schedule)
+        prepared = prepare(get_op(op_name), get_op(op_name).make_problem(specs, attrs), backend, schedule)
         with _cache.lock:
             _cache.by_call[call_key] = prepared
-    refs = {n: arrays.ArrayRef(None, "cai", v[1].shape, v[1].dtype, v[0], v[1].nbytes, False)
-            for n, v in inputs.items() if v is not None}
-    ptrs = {n: (r.ptr, r.nbytes) for n, r in refs.items()}
-    for name, spec in prepared.problem.outputs().items():
-        ptrs[name] = (int(outputs[name]), spec.nbytes)
-    with prepared.lock:
-        scratch = _stream_scratch(prepared, backend, stream)
-        for ws in prepared.plan.workspaces:
-            if ws.persistent:
-                ptrs[ws.name] = (_persistent(prepared, ws, backend, stream), ws.nbytes)
-            elif not ws.derived_from:
-                ptrs[ws.name] = (scratch[ws.name], ws.nbytes)
-                if ws.zero:
-                    backend.memset(scratch[ws.name], 0, ws.nbytes, stream)
-        _run_prepare_steps(prepared, refs, ptrs, backend, stream)
-        for step in prepared.steps:
-            _launch(step, ptrs, prepared.itemsizes, backend, stream)
+    runner = prepared.runner
+    if runner is None:
+        runner = prepared.runner = _make_pointer_runner(prepared, specs, backend)
+    return runner
+
+
+def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], backend: Backend
+                         ) -> Callable[[Mapping[str, int], int], None]:
+    sizes = {n: s.nbytes for n, s in specs.items() if s is not None}
+    sizes.update({n: s.nbytes for n, s in p.problem.outputs().items()})
+    persistent = [ws for ws in p.plan.workspaces if ws.persistent]
+    scratch_ws = [ws for ws in p.plan.workspaces if not ws.persistent and not ws.derived_from]
+    slots = [(step, [(i, name, p.itemsizes.get(name, 1)) for i, name in step.buffer_slots]) for step in p.steps]
+
+    def run(ptrs: Mapping[str, int], stream: int) -> None:
+        full = {n: (ptr, sizes[n]) for n, ptr in ptrs.items()}
+        with p.lock:
+            for ws in persistent:
+                full[ws.name] = (_persistent(p, ws, backend, stream), ws.nbytes)
+            if scratch_ws:
+                scratch = _stream_scratch(p, backend, stream)
+                for ws in scratch_ws:
+                    full[ws.name] = (scratch[ws.name], ws.nbytes)
+                    if ws.zero:
+                        backend.memset(scratch[ws.name], 0, ws.nbytes, stream)
+            if p.prepare_steps:     # raw pointers say nothing of their contents: derived data is redone
+                _run_prepare_steps(p, {}, full, backend, stream)
+            for step, step_slots in slots:
+                packed = step.packed
+                for index, name, itemsize in step_slots:
+                    ptr, nbytes = full[name]
+                    packed.set_buffer(index, ptr, nbytes, itemsize)
+                step.run(packed, stream)
+
+    return run
 
 
 _STREAMS_KEPT = 4

@@ -62,3 +62,42 @@ def test_run_pointers_reuses_per_call_workspaces_per_stream(rng):
     assert len(prepared) == 1 and list(prepared[0].stream_scratch) == [0]
     assert prepared[0].stream_scratch[0], "this plan has per-call workspaces"
     engine.clear_prepared()
+
+
+def test_gpu_provider_branch_of_the_ort_kernel_on_emulator_buffers(rng, monkeypatch):
+    """What a CUDA / ROCm EP node does (ORT's buffers, ORT's stream, a cached pointer runner),
+    driven with the emulator's host buffers standing in for device memory."""
+    from jitops.onnx import kernels
+    from jitops.onnx.native import MAX_RANK, JtTensor
+    from jitops.onnx.optypes import op_type
+    from jitops.runtime import current_backend
+
+    x = rng.standard_normal((2, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((8, 6, 3, 3)).astype(np.float32)
+    expected = engine.run("conv2d", {"x": x, "w": w, "bias": None},
+                          {"stride": (1, 1), "padding": (1, 1, 1, 1), "dilation": (1, 1), "groups": 1,
+                           "activation": "relu", "alpha": 0.01})
+    outs = []
+
+    class FakeOrt:
+        def jitops_ort_output(self, call, index, dims, ndim):
+            outs.append(np.full(tuple(dims[:ndim]), np.nan, dtype=np.float32))
+            return outs[-1].ctypes.data
+
+    monkeypatch.setattr(kernels, "_lib", FakeOrt())
+    k = kernels.Kernel(op_type("Conv2dRelu"), 1, "float32", {"pads": [1, 1, 1, 1], "strides": [1, 1],
+                                                             "dilations": [1, 1]}, current_backend())
+    kernels._kernels[-7] = k
+    try:
+        tensors = (JtTensor * 3)()
+        for t, a in zip(tensors, (x, w)):
+            t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
+            for d, n in enumerate(a.shape):
+                t.dims[d] = n
+        tensors[2].ndim = -1                      # no bias
+        for call in range(2):
+            kernels.compute(-7, call, 3, tensors, 0)
+            np.testing.assert_allclose(outs[-1], expected, rtol=1e-5, atol=1e-5)
+        assert len(k.runners) == 1 and k.calls == 2 and MAX_RANK >= 4
+    finally:
+        kernels._kernels.pop(-7, None)

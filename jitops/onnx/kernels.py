@@ -47,18 +47,21 @@ class Kernel:
     node_attrs: dict[str, Any]
     backend: Backend
     calls: int = 0
-    plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec]]]] = field(default_factory=dict)
+    plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec, Any]]]] = field(default_factory=dict)
+    runners: dict[tuple, Any] = field(default_factory=dict)     # GPU providers: engine.pointer_runner per shapes
 
     def plan(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
-             ) -> tuple[dict, list[tuple[str, TensorSpec]]]:
-        """The op attributes and output specs for these input shapes (validated once per shape)."""
+             ) -> tuple[dict, list[tuple[str, TensorSpec, Any]]]:
+        """The op attributes and output (name, spec, ctypes dims) for these input shapes
+        (validated once per shape)."""
         key = tuple((n, s, dtypes.get(n)) for n, s in shapes.items())
         found = self.plans.get(key)
         if found is None:
             attrs = self.type.op_attrs(self.node_attrs, {n: s for n, s in shapes.items() if s is not None})
             specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in shapes.items()}
             problem = get_op(self.type.op).make_problem(specs, attrs)
-            found = (attrs, list(problem.outputs().items()))
+            found = (attrs, [(n, s, (ctypes.c_int64 * max(1, len(s.shape)))(*s.shape))
+                             for n, s in problem.outputs().items()])
             self.plans[key] = found
         return found
 
@@ -135,27 +138,30 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         if t.ndim < 0:
             shapes[name] = None
             continue
-        shapes[name] = tuple(int(t.dims[d]) for d in range(t.ndim))
-        dtypes[name] = ELEM_DTYPES.get(int(t.elem_type), f"onnx-type-{int(t.elem_type)}")
-        ptrs[name] = int(t.data or 0)
+        shapes[name] = tuple(t.dims[:t.ndim])
+        dtypes[name] = ELEM_DTYPES.get(t.elem_type, f"onnx-type-{t.elem_type}")
+        ptrs[name] = t.data or 0
     attrs, out_specs = k.plan(shapes, dtypes)
     out_ptrs = []
-    for index, (_, spec) in enumerate(out_specs):
-        dims = (ctypes.c_int64 * max(1, len(spec.shape)))(*spec.shape)
+    for index, (_, spec, dims) in enumerate(out_specs):
         ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
         if not ptr and spec.numel:
             raise OutputAllocationFailed()
-        out_ptrs.append(int(ptr or 0))
+        out_ptrs.append(ptr or 0)
     k.calls += 1
     if k.provider == 0:
         tensors = {n: (_host_view(ptrs[n], shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
-        outs = {name: _host_view(p, s.shape, s.dtype) for (name, s), p in zip(out_specs, out_ptrs)}
+        outs = {name: _host_view(p, s.shape, s.dtype) for (name, s, _), p in zip(out_specs, out_ptrs)}
         engine.run(k.type.op, tensors, attrs, out=outs, backend=k.backend)
     else:
-        tensors_p = {n: ((ptrs[n], TensorSpec(shapes[n], dtypes[n])) if shapes[n] is not None else None)
-                     for n in names}
-        engine.run_pointers(k.type.op, tensors_p, attrs, {n: p for (n, _), p in zip(out_specs, out_ptrs)}, int(stream or 0),
-                            backend=k.backend)
+        key = (tuple(shapes.values()), tuple(dtypes.values()))
+        runner = k.runners.get(key)
+        if runner is None:
+            specs = {n: (TensorSpec(shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
+            runner = k.runners[key] = engine.pointer_runner(k.type.op, specs, attrs, k.backend)
+        for (name, _, _), p in zip(out_specs, out_ptrs):
+            ptrs[name] = p
+        runner(ptrs, stream or 0)
 
 
 def destroy(kid: int) -> None:
