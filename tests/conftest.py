@@ -1,15 +1,19 @@
 """Test setup: one fresh binary cache for the session, emulator backends for warp 32 and 64."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
 import pytest
 
 # Before jitops is imported anywhere: a private cache, so tests never read a stale user cache.
-_SESSION_CACHE = tempfile.mkdtemp(prefix="jitops-test-cache-")
-os.environ.setdefault("JITOPS_CACHE_DIR", _SESSION_CACHE)
+if "JITOPS_CACHE_DIR" not in os.environ:
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="jitops-test-cache-")
+    os.environ["JITOPS_CACHE_DIR"] = _SESSION_CACHE
+    atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)   # tens of MB of binaries a run
 os.environ.setdefault("JITOPS_BACKEND", "cpu")
 
 import jitops  # noqa: E402
