@@ -56,6 +56,6 @@ def test_bench_quick_on_emulator(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["environment"]["backend"] == "cpu"
-    assert {r["variant"] for r in report["rows"]} == {"heuristic", "naive"}
+    assert {r["variant"] for r in report["rows"]} == {"heuristic", "vectorized", "naive"}
     assert all(r["error"] <= 1e-3 for r in report["rows"])
     assert report["extras"]["leaky_relu"]["cold_start"]["warm_cache"]["first_call_s"] > 0
