@@ -134,6 +134,7 @@ class _Cache:
         self.by_call: dict[tuple, Prepared] = {}         # general path: by shapes and attributes
         self.bound: dict[tuple, BoundCall | None] = {}   # repeat-call path: by call signature
         self.lock = threading.Lock()
+        self.generation = 0     # bumped by clear_prepared: runners held elsewhere must be fetched anew
 
 
 _cache = _Cache()
@@ -149,8 +150,16 @@ def clear_prepared() -> None:
                 p.backend.synchronize()
                 for ptr in [*p.persistent.values(), *(q for ws in p.stream_scratch.values() for q in ws.values())]:
                     p.backend.free(ptr)
+            p.persistent.clear()       # a runner still held somewhere allocates anew, never reuses freed memory
+            p.stream_scratch.clear()
         _cache.by_call.clear()
         _cache.bound.clear()
+        _cache.generation += 1
+
+
+def generation() -> int:
+    """Changes whenever prepared plans are dropped: a cached pointer_runner older than this is stale."""
+    return _cache.generation
 
 
 def _fingerprint(ref: arrays.ArrayRef) -> Any:

@@ -99,5 +99,10 @@ def test_gpu_provider_branch_of_the_ort_kernel_on_emulator_buffers(rng, monkeypa
             kernels.compute(-7, call, 3, tensors, 0)
             np.testing.assert_allclose(outs[-1], expected, rtol=1e-5, atol=1e-5)
         assert len(k.runners) == 1 and k.calls == 2 and MAX_RANK >= 4
+        stale = next(iter(k.runners.values()))
+        engine.clear_prepared()          # frees the plans' memory: the kernel must not run the old runner
+        kernels.compute(-7, 2, 3, tensors, 0)
+        np.testing.assert_allclose(outs[-1], expected, rtol=1e-5, atol=1e-5)
+        assert len(k.runners) == 1 and next(iter(k.runners.values())) is not stale
     finally:
         kernels._kernels.pop(-7, None)

@@ -154,10 +154,11 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         outs = {name: _host_view(p, s.shape, s.dtype) for (name, s, _), p in zip(out_specs, out_ptrs)}
         engine.run(k.type.op, tensors, attrs, out=outs, backend=k.backend)
     else:
-        key = (tuple(shapes.values()), tuple(dtypes.values()))
+        key = (tuple(shapes.values()), tuple(dtypes.values()), engine.generation())
         runner = k.runners.get(key)
-        if runner is None:
+        if runner is None:      # new shapes, or plans dropped since (e.g. tuning records changed)
             specs = {n: (TensorSpec(shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
+            k.runners = {r: f for r, f in k.runners.items() if r[2] == key[2]}
             runner = k.runners[key] = engine.pointer_runner(k.type.op, specs, attrs, k.backend)
         for (name, _, _), p in zip(out_specs, out_ptrs):
             ptrs[name] = p
