@@ -341,11 +341,20 @@ def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: d
     """Point the derived workspaces at the copy for these inputs; fill it first if it is new."""
     if not p.prepare_steps:
         return
-    fresh = True
+    identity, sources = None, []
     if p.derived is not None:
         ids = tuple(_fingerprint(refs[n]) if n in refs else None for n in p.derived.inputs)
         sources = [refs[n].obj for n in p.derived.inputs if n in refs and refs[n].kind == "torch"]
-        wptrs, fresh = p.derived.get(None if any(i is None for i in ids) else ids, stream, sources)
+        identity = None if any(i is None for i in ids) else ids
+    _prepare_for(p, identity, sources, ptrs, backend, stream)
+
+
+def _prepare_for(p: Prepared, identity: Any, sources: Any, ptrs: dict[str, tuple[int, int]], backend: Backend,
+                 stream: int) -> None:
+    """Derived workspaces for inputs of this identity (None: unknown, recompute), filled if new."""
+    fresh = True
+    if p.derived is not None:
+        wptrs, fresh = p.derived.get(identity, stream, sources)
         sizes = {w.name: w.nbytes for w in p.derived.workspaces}
         ptrs.update({n: (ptr, sizes[n]) for n, ptr in wptrs.items()})
     if fresh:
@@ -371,13 +380,16 @@ def run_pointers(op_name: str, inputs: Mapping[str, tuple[int, TensorSpec] | Non
 
 
 def pointer_runner(op_name: str, specs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any],
-                   backend: Backend | None = None, schedule: Schedule | str | None = None
-                   ) -> Callable[[Mapping[str, int], int], None]:
-    """A function (pointers by input and output name, stream) -> None that runs this problem.
+                   backend: Backend | None = None, schedule: Schedule | str | None = None) -> Callable[..., None]:
+    """A function (pointers by input and output name, stream, derived_key=None) -> None that runs
+    this problem.
 
     Everything that does not change between calls (the plan, buffer sizes, argument slots) is
     worked out here once, so a framework calling per node (ONNX Runtime's CUDA / ROCm EPs) pays
-    only for writing the pointers and launching.
+    only for writing the pointers and launching. Data derived from inputs (transformed filters,
+    folded BatchNorm; the inputs are `runner.derived_inputs`) is recomputed on every call unless
+    the caller passes `derived_key`: a hashable that stands for those inputs' contents (e.g. the
+    buffers of initializers, which keep their contents for a session's life).
     """
     backend = backend or current_backend()
     call_key = ("pointers", op_name, id(backend), schedule, tuple(specs.items()), frozen_items(attrs))
@@ -394,14 +406,14 @@ def pointer_runner(op_name: str, specs: Mapping[str, TensorSpec | None], attrs: 
 
 
 def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], backend: Backend
-                         ) -> Callable[[Mapping[str, int], int], None]:
+                         ) -> Callable[..., None]:
     sizes = {n: s.nbytes for n, s in specs.items() if s is not None}
     sizes.update({n: s.nbytes for n, s in p.problem.outputs().items()})
     persistent = [ws for ws in p.plan.workspaces if ws.persistent]
     scratch_ws = [ws for ws in p.plan.workspaces if not ws.persistent and not ws.derived_from]
     slots = [(step, [(i, name, p.itemsizes.get(name, 1)) for i, name in step.buffer_slots]) for step in p.steps]
 
-    def run(ptrs: Mapping[str, int], stream: int) -> None:
+    def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None) -> None:
         full = {n: (ptr, sizes[n]) for n, ptr in ptrs.items()}
         with p.lock:
             for ws in persistent:
@@ -412,8 +424,8 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
                     full[ws.name] = (scratch[ws.name], ws.nbytes)
                     if ws.zero:
                         backend.memset(scratch[ws.name], 0, ws.nbytes, stream)
-            if p.prepare_steps:     # raw pointers say nothing of their contents: derived data is redone
-                _run_prepare_steps(p, {}, full, backend, stream)
+            if p.prepare_steps:     # raw pointers say nothing of their contents: redone unless keyed
+                _prepare_for(p, derived_key, (), full, backend, stream)
             for step, step_slots in slots:
                 packed = step.packed
                 for index, name, itemsize in step_slots:
@@ -421,6 +433,7 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
                     packed.set_buffer(index, ptr, nbytes, itemsize)
                 step.run(packed, stream)
 
+    run.derived_inputs = tuple(p.derived.inputs) if p.derived is not None and p.prepare_steps else ()  # type: ignore[attr-defined]
     return run
 
 

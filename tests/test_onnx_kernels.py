@@ -106,3 +106,52 @@ def test_gpu_provider_branch_of_the_ort_kernel_on_emulator_buffers(rng, monkeypa
         assert len(k.runners) == 1 and next(iter(k.runners.values())) is not stale
     finally:
         kernels._kernels.pop(-7, None)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_gpu_provider_keeps_data_derived_from_initializers(rng, monkeypatch, constant):
+    """BatchNorm's folded scale/shift (a prepare launch) is computed once per kernel when ORT says
+    the parameters are initializers, and on every run when it does not."""
+    from jitops.onnx import kernels
+    from jitops.onnx.native import JtTensor
+    from jitops.onnx.optypes import op_type
+    from jitops.runtime import current_backend
+
+    x = rng.standard_normal((2, 5, 7, 3)).astype(np.float32)
+    params = [(rng.random(5) + 0.5).astype(np.float32), rng.standard_normal(5).astype(np.float32),
+              rng.standard_normal(5).astype(np.float32), (rng.random(5) + 0.5).astype(np.float32)]
+    expected = engine.run("batch_norm", {"x": x, "mean": params[2], "var": params[3], "gamma": params[0],
+                                         "beta": params[1]}, {"eps": 1e-5, "activation": None, "alpha": 0.01})
+    out = np.empty_like(x)
+
+    class FakeOrt:
+        def jitops_ort_output(self, call, index, dims, ndim):
+            out.fill(np.nan)
+            return out.ctypes.data
+
+    monkeypatch.setattr(kernels, "_lib", FakeOrt())
+    engine.clear_prepared()
+    t = op_type("BatchNorm")
+    k = kernels.Kernel(t, 1, "float32", {"epsilon": 1e-5}, current_backend(),
+                       constant=frozenset(t.inputs[1:]) if constant else frozenset())
+    kernels._kernels[-8] = k
+    try:
+        tensors = (JtTensor * 5)()
+        for tensor, a in zip(tensors, [x, *params]):
+            tensor.data, tensor.ndim, tensor.elem_type = a.ctypes.data, a.ndim, 1
+            for d, n in enumerate(a.shape):
+                tensor.dims[d] = n
+        kernels.compute(-8, 0, 5, tensors, 0)
+        prepared = next(p for key, p in engine._cache.by_call.items() if key[0] == "pointers")
+        assert prepared.prepare_steps, "folded batch norm has a prepare launch"
+        calls = []
+        for step in prepared.prepare_steps:
+            run = step.run
+            monkeypatch.setattr(step, "run", lambda packed, stream, run=run: (calls.append(1), run(packed, stream)))
+        for call in range(1, 4):
+            kernels.compute(-8, call, 5, tensors, 0)
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+        assert len(calls) == (0 if constant else 3 * len(prepared.prepare_steps))
+    finally:
+        kernels._kernels.pop(-8, None)
+        engine.clear_prepared()

@@ -49,6 +49,7 @@ class Kernel:
     calls: int = 0
     plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec, Any]]]] = field(default_factory=dict)
     runners: dict[tuple, Any] = field(default_factory=dict)     # GPU providers: engine.pointer_runner per shapes
+    constant: frozenset[str] = frozenset()    # inputs that are initializers (GPU providers; ORT says so)
 
     def plan(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
              ) -> tuple[dict, list[tuple[str, TensorSpec, Any]]]:
@@ -108,7 +109,9 @@ def create(type_name: str, provider: int, elem_type: int, attrs_json: str) -> in
     dtype = ELEM_DTYPES.get(elem_type)
     if dtype is None:
         raise JitopsError(f"jitops::{type_name}: element type {elem_type} is not float32 or float16")
-    kernel = Kernel(t, provider, dtype, json.loads(attrs_json), _backend_for(provider))
+    node_attrs = json.loads(attrs_json)
+    constant = frozenset(t.inputs[i] for i in node_attrs.pop("__constant_inputs", []) if i < len(t.inputs))
+    kernel = Kernel(t, provider, dtype, node_attrs, _backend_for(provider), constant=constant)
     with _ids_lock:
         _next_id[0] += 1
         kid = _next_id[0]
@@ -160,9 +163,14 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
             specs = {n: (TensorSpec(shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
             k.runners = {r: f for r, f in k.runners.items() if r[2] == key[2]}
             runner = k.runners[key] = engine.pointer_runner(k.type.op, specs, attrs, k.backend)
+        derived = runner.derived_inputs
+        # Initializers keep buffer and contents while this kernel lives: key derived data by this
+        # kernel and their pointers (another session's buffers at the same address are another key).
+        key = (kid, tuple(ptrs.get(n, 0) for n in derived)) if derived and k.constant.issuperset(
+            n for n in derived if shapes.get(n) is not None) else None
         for (name, _, _), p in zip(out_specs, out_ptrs):
             ptrs[name] = p
-        runner(ptrs, stream or 0)
+        runner(ptrs, stream or 0, key)
 
 
 def destroy(kid: int) -> None:

@@ -168,6 +168,23 @@ OrtStatus* create_kernel(const OrtCustomOp* base, const OrtApi* api, const OrtKe
   const JtOp* op = as_op(base);
   std::string json = "{";
   for (const AttrSpec& a : op->spec->attrs) append_attr(api, info, a, &json);
+  if (op->provider != kCpu) {
+    // Inputs that are initializers keep their buffer and contents for the session's life: data
+    // derived from them (transformed filters, folded BatchNorm) can then be kept, not redone.
+    std::string constant;
+    for (int i = 0; i < op->spec->n_inputs; ++i) {
+      int is_constant = 0;
+      const OrtValue* value = nullptr;
+      OrtStatus* st = ort::fn<OrtStatus* (*)(const OrtKernelInfo*, size_t, int*, const OrtValue**)>(
+          api, ort::KernelInfoGetConstantInput_tensor)(info, static_cast<size_t>(i), &is_constant, &value);
+      if (st) {
+        ort::release_status(api, st);
+        continue;
+      }
+      if (is_constant) constant += (constant.empty() ? "" : ",") + std::to_string(i);
+    }
+    json += (json.size() > 1 ? "," : "") + ("\"__constant_inputs\":[" + constant + "]");
+  }
   json += "}";
   CreateFn create = g_create;
   if (!create) return fail(api, "the jitops Python runtime is not active in this process");

@@ -90,6 +90,7 @@ enum Position : size_t {
   KernelInfoGetAttributeArray_float = 162,
   KernelInfoGetAttributeArray_int64 = 163,
   KernelContext_GetGPUComputeStream = 193,
+  KernelInfoGetConstantInput_tensor = 249,   // in the table since ORT 1.16 (API 16)
 };
 
 // The function at `pos`, typed by the caller.
