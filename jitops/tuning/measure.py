@@ -43,6 +43,14 @@ def timed_warm(op: ModuleType, problem: Any, device: Any) -> bool:
     return bool(hook and hook(problem, device))
 
 
+def flush_size(op: ModuleType, problem: Any, backend: Any) -> int:
+    """Bytes overwritten before each timed call of this problem: 0 on the emulator and for
+    problems timed warm, else flush_bytes. The one rule for jitops, its records and the vendor."""
+    if backend.name == "cpu" or timed_warm(op, problem, backend.device):
+        return 0
+    return flush_bytes(backend.device)
+
+
 def flush_bytes(device: Any) -> int:
     """Four times the L2, at least 8 MiB and at most 512 MiB."""
     return int(min(max(4 * device.l2_bytes, 8 << 20), 512 << 20))
@@ -99,7 +107,7 @@ def compare(got: np.ndarray, ref: np.ndarray, scale: float, rtol: float, atol: f
 class ProblemBench:
     """Inputs, outputs, reference and L2-flush buffer of one problem on one backend."""
 
-    def __init__(self, backend: Any, op: ModuleType, problem: Any, seed: int = 0, flush_l2: bool | None = None):
+    def __init__(self, backend: Any, op: ModuleType, problem: Any, seed: int = 0, flush_l2: bool = True):
         self.backend, self.op, self.problem = backend, op, problem
         self._allocations: list[int] = []
         rng = np.random.default_rng(seed)
@@ -116,9 +124,7 @@ class ProblemBench:
         self.out_specs = problem.outputs()
         for name, spec in self.out_specs.items():
             self.ptrs[name] = (self._alloc(spec.nbytes), spec.nbytes)
-        if flush_l2 is None:
-            flush_l2 = not timed_warm(op, problem, backend.device)
-        self.flush_size = flush_bytes(backend.device) if flush_l2 and backend.name != "cpu" else 0
+        self.flush_size = flush_size(op, problem, backend) if flush_l2 else 0
         self.flush_ptr = self._alloc(self.flush_size) if self.flush_size else 0
         self._events: list[Any] = []
         self._reference: dict[str, tuple[np.ndarray, float]] | None = None
@@ -235,4 +241,4 @@ def median(samples: list[float]) -> float:
 
 
 __all__ = ["ProblemBench", "Loaded", "UnfitSchedule", "LaunchError", "compare", "median", "flush_bytes",
-           "timed_warm"]
+           "flush_size", "timed_warm"]

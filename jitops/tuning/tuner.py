@@ -30,7 +30,7 @@ from ..records import device_key, new_record, store
 from ..runtime import current_backend
 from . import space
 from .compile_pool import CompileJob, CompileOutcome, CompilePool, default_workers
-from .measure import Loaded, ProblemBench, UnfitSchedule, median
+from .measure import Loaded, ProblemBench, UnfitSchedule, flush_size, median, timed_warm
 from .progress import bar
 
 log = logging.getLogger("jitops.tune")
@@ -326,21 +326,17 @@ def _record(op: ModuleType, problem: Any, backend: Any, result: TuneResult, winn
     counts: dict[str, int] = {}
     for c in cands:
         counts[c.status] = counts.get(c.status, 0) + 1
+    warm = timed_warm(op, problem, backend.device)
     rec = new_record(backend.device, op.NAME, problem.key(), winner.schedule,
                      time_us=round(result.time_us or 0.0, 3),
                      heuristic={"schedule": heur.schedule.as_dict(),
                                 "time_us": None if result.heuristic_us is None else round(result.heuristic_us, 3),
                                 "check_passed": heur.check is not None and bool(heur.check["passed"])},
                      runners_up=runners, check=winner.check, compiler=backend.compiler_id(),
-                     timing={"method": TIMING_METHOD if _flush_size(backend, op, problem) else TIMING_WARM,
-                             "final_reps": len(winner.samples), "l2_flush_bytes": _flush_size(backend, op, problem)},
+                     timing={"method": TIMING_WARM if warm else TIMING_METHOD, "final_reps": len(winner.samples),
+                             "l2_flush_bytes": flush_size(op, problem, backend)},
                      candidates=counts, tuning_seconds=round(result.seconds, 2))
     return rec
-
-
-def _flush_size(backend: Any, op: ModuleType, problem: Any) -> int:
-    from .measure import flush_bytes, timed_warm
-    return 0 if backend.name == "cpu" or timed_warm(op, problem, backend.device) else flush_bytes(backend.device)
 
 
 def _log_failures(op: ModuleType, problem: Any, cands: list[space.Candidate]) -> None:

@@ -13,7 +13,7 @@ import statistics
 from typing import Any, Callable
 
 from ..ops import get_op
-from .measure import flush_bytes, timed_warm
+from .measure import flush_size
 
 log = logging.getLogger("jitops.tune")
 
@@ -110,8 +110,7 @@ def vendor_us(op: str, problem: Any, backend: Any) -> float | None:
         fn = build(problem, tensors, torch)
         prev = _strict_fp32(torch, all(s.dtype == "float32" for s in specs.values()))
         try:
-            warm = timed_warm(get_op(op), problem, backend.device)    # the same regime as jitops' timing
-            return time_torch(fn, torch, 0 if warm else flush_bytes(backend.device))
+            return time_torch(fn, torch, flush_size(get_op(op), problem, backend))   # jitops' regime
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev
     except Exception as exc:   # no torch, an op torch lacks (rms_norm before 2.4), a field this does not know
