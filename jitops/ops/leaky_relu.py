@@ -93,7 +93,7 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
     # Hot-L2 sweep (2026-11-23): 4 vectors per thread also win up to ~4 resident waves (4M fp32:
     # 5.70 vs 6.11 us with one).
     unroll = 4 if resident_blocks // 2 <= one_per_thread <= 4 * resident_blocks else 1
-    streaming = problem.bytes_moved() > device.l2_bytes
+    streaming = not fits_in_l2(problem, device)
     waves = 0
     why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} per thread, "
            f"{block} threads per block, one pass over {ceil_div(one_per_thread, unroll)} blocks"
@@ -101,10 +101,14 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
     return _vectorized(problem, device, vec, unroll, block, waves, why, streaming)
 
 
-def timed_warm_l2(problem: LeakyReluProblem, device: DeviceInfo) -> bool:
-    """The tuner times problems that fit in L2 with their input there: an activation reads what
-    the layer before it has just written."""
+def fits_in_l2(problem: LeakyReluProblem, device: DeviceInfo) -> bool:
+    """Input and output fit in L2 together: in a network the input is still there from the op
+    that wrote it, and evict-first (streaming) accesses only cost."""
     return problem.bytes_moved() <= device.l2_bytes
+
+
+# The tuner times problems that fit in L2 with their input there (measure.timed_warm).
+timed_warm_l2 = fits_in_l2
 
 
 def candidates(problem: LeakyReluProblem, device: DeviceInfo) -> list[Schedule]:
@@ -113,7 +117,7 @@ def candidates(problem: LeakyReluProblem, device: DeviceInfo) -> list[Schedule]:
     # Evict-first accesses only for data that cannot stay in L2: in a network (and in the bench's
     # back-to-back calls) the input of an elementwise op that fits in L2 was just written there by
     # its producer, and streaming then costs up to a third (4M fp32 on an H200: 7.9 vs 5.8 us).
-    stream_options = (False, True) if problem.bytes_moved() > device.l2_bytes else (False,)
+    stream_options = (False,) if fits_in_l2(problem, device) else (False, True)
     for vec in sorted({max_vec, max_vec // 2}):
         for unroll in (1, 2, 4, 8):
             for block in (128, 256, 512):
