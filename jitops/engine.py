@@ -396,7 +396,8 @@ def pointer_runner(op_name: str, specs: Mapping[str, TensorSpec | None], attrs: 
     prepared = _cache.by_call.get(call_key)
     if prepared is None:
         backend.require_device(f"run {op_name}")
-        prepared = prepare(get_op(op_name), get_op(op_name).make_problem(specs, attrs), backend, schedule)
+        op = get_op(op_name)
+        prepared = prepare(op, op.make_problem(specs, attrs), backend, schedule)
         with _cache.lock:
             _cache.by_call[call_key] = prepared
     runner = prepared.runner
@@ -419,7 +420,7 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
             for ws in persistent:
                 full[ws.name] = (_persistent(p, ws, backend, stream), ws.nbytes)
             if scratch_ws:
-                scratch = _stream_scratch(p, backend, stream)
+                scratch = _stream_scratch(p, scratch_ws, backend, stream)
                 for ws in scratch_ws:
                     full[ws.name] = (scratch[ws.name], ws.nbytes)
                     if ws.zero:
@@ -440,8 +441,8 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
 _STREAMS_KEPT = 4
 
 
-def _stream_scratch(p: Prepared, backend: Backend, stream: int) -> dict[str, int]:
-    """The per-call workspaces of `p` for launches on `stream`, allocated once per stream.
+def _stream_scratch(p: Prepared, workspaces: list[Any], backend: Backend, stream: int) -> dict[str, int]:
+    """The per-call `workspaces` of `p` for launches on `stream`, allocated once per stream.
 
     Calls on one stream run in order, so the next call may reuse what the last one used without
     waiting: no allocation, synchronize and free per call (each of which stalled ONNX Runtime's
@@ -457,8 +458,7 @@ def _stream_scratch(p: Prepared, backend: Backend, stream: int) -> dict[str, int
         backend.synchronize()
         for ptr in old.values():
             backend.free(ptr)
-    found = {ws.name: backend.alloc(ws.nbytes) for ws in p.plan.workspaces
-             if not ws.persistent and not ws.derived_from}
+    found = {ws.name: backend.alloc(ws.nbytes) for ws in workspaces}
     p.stream_scratch[stream] = found
     p.backend = p.backend or backend
     return found

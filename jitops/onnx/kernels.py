@@ -166,11 +166,11 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         derived = runner.derived_inputs
         # Initializers keep buffer and contents while this kernel lives: key derived data by this
         # kernel and their pointers (another session's buffers at the same address are another key).
-        key = (kid, tuple(ptrs.get(n, 0) for n in derived)) if derived and k.constant.issuperset(
+        derived_key = (kid, tuple(ptrs.get(n, 0) for n in derived)) if derived and k.constant.issuperset(
             n for n in derived if shapes.get(n) is not None) else None
         for (name, _, _), p in zip(out_specs, out_ptrs):
             ptrs[name] = p
-        runner(ptrs, stream or 0, key)
+        runner(ptrs, stream or 0, derived_key)
 
 
 def destroy(kid: int) -> None:
