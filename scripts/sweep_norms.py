@@ -27,6 +27,7 @@ from jitops.ops import get_op
 from jitops.ops.base import ITEMSIZE, Schedule, ceil_div
 from jitops.ops.norm_common import row_heuristic, vector_width
 
+PIPELINE = False     # --pipeline: every shape x grid size x prefetch for the on-chip kernels
 BENCH = {"batch_norm": bench_bn, "group_norm": bench_gn, "layer_norm": bench_ln, "rms_norm": bench_rms}
 
 
@@ -58,6 +59,20 @@ def row_schedules(problem: Any, device: Any) -> list[Schedule]:
                   if h.algorithm in ("warp", "block") or s != "two_pass"]
     if h.algorithm in ("warp", "block"):
         tries += [(h.algorithm, {**dict(h.params), "waves": wv}) for wv in (2, 8)]
+    if h.algorithm in ("warp", "block") and h.get("store", "regs") == "regs":
+        # Persistent grids, with and without the next row loaded ahead (--pipeline: more of them).
+        shapes = [{k: h[k] for k in ("tpr", "items") if k in h.params}]
+        if h.algorithm == "block":
+            for items in (2, 4, 8):
+                tpr = ceil_div(ceil_div(lenv, items), w) * w
+                if tpr <= 1024 and {"tpr": tpr, "items": items} not in shapes:
+                    shapes.append({"tpr": tpr, "items": items})
+        for shape in shapes if PIPELINE else shapes[:1]:
+            for per_sm in (2, 4, 6, 8, 12, 16) if PIPELINE else (4, 8):
+                for prefetch in (True, False):
+                    tries.append((h.algorithm, {**dict(h.params), **shape, "per_sm": per_sm, "prefetch": prefetch}))
+        if spec.kind == "layer" and PIPELINE:
+            tries += [(alg, {**over, "stats": "welford"}) for alg, over in tries[-12:]]
     for alg, over in tries:
         over = {k: v for k, v in over.items()}
         try:
@@ -94,7 +109,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later problems get heuristic + torch only")
     ap.add_argument("--only", default="", help="comma-separated substrings: sweep only problems whose label has one")
     ap.add_argument("--json")
+    ap.add_argument("--pipeline", action="store_true", help="sweep persistent grids and next-row prefetch widely")
     args = ap.parse_args()
+    global PIPELINE
+    PIPELINE = args.pipeline
     ctx = make_context(quick=False, algorithms="heuristic")
     torch = ctx.torch
     timer = ctx.timer

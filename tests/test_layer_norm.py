@@ -112,10 +112,32 @@ def test_forced_schedules(emu, rng, params):
         check_norm("layer_norm", prob, sched, rng)
 
 
+@pytest.mark.parametrize("params", [
+    dict(algorithm="block", tpr=64),                                 # one row per block, 2052 wide
+    dict(algorithm="block", tpr=64, stats="welford"),
+    dict(algorithm="warp", tpr=8, stats="sumsq"),                    # several rows per warp, some idle
+])
+def test_prefetch_next_row(emu, rng, params):
+    """Persistent grid (one block per multiprocessor) with the next row loaded ahead: many rows
+    per block, a row count that leaves the last pass of blocks partly idle."""
+    from jitops.ops.norm_common import row_heuristic
+    params = dict(params)
+    alg = params.pop("algorithm")
+    sms = emu.device.multiprocessors
+    rows = 7 * sms + 3 if alg == "block" else 7 * sms * (emu.device.warp_size // 8) + 5
+    length = 2052 if alg == "block" else 100
+    prob = problem_of((rows, length), length)
+    sched = row_heuristic(prob.row_spec(), emu.device, alg, per_sm=1, prefetch=True, **params)
+    plan = get_op("layer_norm").plan(prob, sched, emu.device)
+    assert plan.launches[0].grid[0] == sms < rows
+    check_norm("layer_norm", prob, sched, rng)
+
+
 LARGE_OFFSET = [
     dict(algorithm="warp"), dict(algorithm="warp", stats="welford"),
     dict(algorithm="block"), dict(algorithm="block", stats="welford"), dict(algorithm="block", stats="sumsq"),
     dict(algorithm="block", store="smem", tpr=256),
+    dict(algorithm="block", per_sm=1, prefetch=True),
     dict(algorithm="stream", tpr=128), dict(algorithm="split", tpr=128, chunks=4),
 ]
 

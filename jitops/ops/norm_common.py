@@ -245,7 +245,7 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
         if over.pop("store", "regs") != "regs":
             raise ScheduleError(f"{spec.op} warp: rows shared by a warp stay in registers")
         params = dict(vec=vec, tpr=tpr, items=items, block=block, store="regs", stats=stats,
-                      waves=int(over.pop("waves", 0)), streaming=streaming)
+                      waves=int(over.pop("waves", 0)), streaming=streaming, **_pipeline(over))
     elif algorithm == "block":
         store = over.pop("store", "regs")
         if store == "smem":
@@ -257,7 +257,7 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
             items = int(over.pop("items", items0 if tpr == tpr0 else ceil_div(lenv, tpr)))
         over.pop("block", None)     # a block per row: the block is the row's threads
         params = dict(vec=vec, tpr=tpr, items=items, block=tpr, store=store, stats=stats,
-                      waves=int(over.pop("waves", 0)), streaming=streaming)
+                      waves=int(over.pop("waves", 0)), streaming=streaming, **_pipeline(over))
     elif algorithm == "stream":
         tpr = int(over.pop("tpr", 256))
         params = dict(vec=vec, tpr=tpr, unroll=int(over.pop("unroll", 4)), stats=stats,
@@ -277,6 +277,12 @@ def row_heuristic(spec: RowSpec, device: DeviceInfo, algorithm: str | None = Non
         raise ScheduleError(f"{spec.op} {algorithm}: unknown parameters {sorted(over)}")
     why.append(f"{vec}-element vectors, statistics {stats}")
     return Schedule.make(algorithm, why="; ".join(why), **params)
+
+
+def _pipeline(over: dict[str, Any]) -> dict[str, Any]:
+    """Persistent-grid options of the on-chip kernels: `per_sm` blocks per multiprocessor in all
+    (0: a block per row or rows-per-block), `prefetch` a block's next row while this one reduces."""
+    return {"per_sm": int(over.pop("per_sm", 0)), "prefetch": bool(over.pop("prefetch", False))}
 
 
 def row_candidates(spec: RowSpec, device: DeviceInfo) -> list[Schedule]:
@@ -301,6 +307,18 @@ def row_candidates(spec: RowSpec, device: DeviceInfo) -> list[Schedule]:
             items = ceil_div(lenv, tpr)
             if items * tpr * vec * itemsize <= device.shared_per_block_optin - 1024 and items <= 64:
                 out.append(row_heuristic(spec, device, "block", tpr=tpr, store="smem", stats=stats))
+        # Persistent grids with the next row loaded ahead (the heuristic shape; only where each
+        # block gets several rows).
+        for alg in ("warp", "block") if lenv <= 16 * warp else ("block",):
+            try:
+                base = row_heuristic(spec, device, alg, stats=stats)
+            except ScheduleError:
+                continue
+            rpb = int(base["block"]) // int(base["tpr"])
+            for per_sm in (4, 8):
+                if base.get("store") == "regs" and spec.rows >= 2 * per_sm * device.multiprocessors * rpb:
+                    out.append(row_heuristic(spec, device, alg, **{**dict(base.params), "per_sm": per_sm,
+                                                                   "prefetch": True}))
     for stats in (["rms"] if spec.kind == "rms" else ["welford", "sumsq"]):
         for tpr in (256, 512, 1024):
             for unroll in (2, 4):
@@ -394,7 +412,16 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         waves = int(schedule.get("waves", 0))
         if waves:
             grid = min(grid, waves * device.multiprocessors * max(1, MAX_THREADS_PER_SM // block))
-        params.update(tpr=tpr, items=items, block=block, store=store, streaming=bool(schedule.get("streaming")))
+        per_sm = int(schedule.get("per_sm", 0))
+        if per_sm < 0:
+            raise ScheduleError(f"{name}: per_sm must be >= 0 (got {per_sm})")
+        if per_sm:
+            grid = min(grid, per_sm * device.multiprocessors)
+        prefetch = bool(schedule.get("prefetch", False))
+        if prefetch and store != "regs":
+            raise ScheduleError(f"{name}: prefetch keeps the next row in registers (store=regs, not {store})")
+        params.update(tpr=tpr, items=items, block=block, store=store, streaming=bool(schedule.get("streaming")),
+                      prefetch=prefetch)
         launch = Launch.make("layer_norm/onchip.hip.j2", f"{name}_{alg}", params, (grid,), (block,),
                              _row_args(spec, out), shared)
         return Plan((launch,))
