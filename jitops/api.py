@@ -3,12 +3,17 @@
 Every function takes arrays of one kind (numpy, torch, CuPy, __cuda_array_interface__ objects or
 jitops.DeviceArray) and returns the same kind. Keyword-only `out` receives the result in place of
 a new array; `schedule` forces an algorithm by name or a full jitops.Schedule.
+
+A call without `out` or `schedule` first tries engine.repeat_call (the native repeat path of an
+earlier call with the same signature); its tuples list the inputs and attributes in the order the
+dictionaries given to engine.run do.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from . import engine
+from .engine import MISS, repeat_call
 from .ops.base import Schedule
 
 ScheduleArg = Schedule | str | None
@@ -21,6 +26,8 @@ def _out(name: str, out: Any) -> dict[str, Any] | None:
 
 def leaky_relu(x: Any, alpha: float = 0.01, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
     """y = x if x > 0 else alpha * x (fp32 or fp16). Algorithms: "vectorized", "naive"."""
+    if out is None and schedule is None and (y := repeat_call("leaky_relu", (x,), (alpha,))) is not MISS:
+        return y
     return engine.run("leaky_relu", {"x": x}, {"alpha": alpha}, out=_out("y", out), schedule=schedule)
 
 
@@ -32,6 +39,9 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
     padding: an int, a pair (h, w) or four values (top, left, bottom, right) as in ONNX.
     activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.
     """
+    if out is None and schedule is None and (y := repeat_call(
+            "conv2d", (x, w, bias), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
+        return y
     return engine.run("conv2d", {"x": x, "w": w, "bias": bias},
                       {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
                        "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
@@ -47,6 +57,8 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
     Algorithms: "fused_mma" (fp16, matrix cores), "fused", "three_stage", "naive".
     """
+    if out is None and schedule is None and (y := repeat_call("attention", (q, k, v, mask), (causal, scale))) is not MISS:
+        return y
     return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask}, {"causal": causal, "scale": scale},
                       out=_out("out", out), schedule=schedule)
 
@@ -55,6 +67,9 @@ def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 
                activation: str | None = None, alpha: float = 0.01, *, out: Any = None,
                schedule: ScheduleArg = None) -> Any:
     """Inference batch norm over axis 1 (NCHW or any rank >= 2), optional fused activation."""
+    if out is None and schedule is None and (y := repeat_call(
+            "batch_norm", (x, mean, var, gamma, beta), (eps, activation, alpha))) is not MISS:
+        return y
     return engine.run("batch_norm", {"x": x, "mean": mean, "var": var, "gamma": gamma, "beta": beta},
                       {"eps": eps, "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
 
@@ -62,6 +77,8 @@ def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 
 def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *, out: Any = None,
                schedule: ScheduleArg = None) -> Any:
     """Group norm of NCHW input with per-channel gamma and beta."""
+    if out is None and schedule is None and (y := repeat_call("group_norm", (x, gamma, beta), (num_groups, eps))) is not MISS:
+        return y
     return engine.run("group_norm", {"x": x, "gamma": gamma, "beta": beta}, {"num_groups": num_groups, "eps": eps},
                       out=_out("y", out), schedule=schedule)
 
@@ -69,6 +86,9 @@ def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5
 def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, beta: Any = None,
                eps: float = 1e-5, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
     """Layer norm over the trailing `normalized_shape` dims."""
+    if out is None and schedule is None and (y := repeat_call(
+            "layer_norm", (x, gamma, beta), (normalized_shape, eps))) is not MISS:
+        return y
     return engine.run("layer_norm", {"x": x, "gamma": gamma, "beta": beta},
                       {"normalized_shape": normalized_shape, "eps": eps}, out=_out("y", out), schedule=schedule)
 
@@ -76,5 +96,7 @@ def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None,
 def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, eps: float = 1e-6, *,
              out: Any = None, schedule: ScheduleArg = None) -> Any:
     """RMS norm over the trailing `normalized_shape` dims."""
+    if out is None and schedule is None and (y := repeat_call("rms_norm", (x, gamma), (normalized_shape, eps))) is not MISS:
+        return y
     return engine.run("rms_norm", {"x": x, "gamma": gamma}, {"normalized_shape": normalized_shape, "eps": eps},
                       out=_out("y", out), schedule=schedule)

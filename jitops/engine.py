@@ -133,6 +133,7 @@ class _Cache:
     def __init__(self) -> None:
         self.by_call: dict[tuple, Prepared] = {}         # general path: by shapes and attributes
         self.bound: dict[tuple, BoundCall | None] = {}   # repeat-call path: by call signature
+        self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op
         self.lock = threading.Lock()
         self.generation = 0     # bumped by clear_prepared: runners held elsewhere must be fetched anew
 
@@ -154,6 +155,9 @@ def clear_prepared() -> None:
             p.stream_scratch.clear()
         _cache.by_call.clear()
         _cache.bound.clear()
+        for d in _cache.dispatch.values():
+            d.clear()
+        _cache.dispatch.clear()
         _cache.generation += 1
 
 
@@ -181,6 +185,13 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
     """Run an op on arrays. Returns the single output, or a tuple in the op's output order."""
     backend = backend or current_backend()
     values = tuple(tensors.values())
+    if out is None and schedule is None:
+        # Native repeat calls: signatures checked in C, no key built or hashed (see fastcall.py).
+        dispatch = _cache.dispatch.get(op_name)
+        if dispatch is not None:
+            result = dispatch(backend, values, tuple(attrs.values()))
+            if result is not MISS:
+                return result
     try:
         key: tuple | None = (op_name, backend, schedule, tuple(attrs.values()), *map(signature, values))
         bound = _cache.bound.get(key)
@@ -195,8 +206,27 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
         key = None
     result, prepared, refs = _run_general(op_name, tensors, attrs, out, schedule, backend)
     if key is not None and key not in _cache.bound:
-        _cache.bound[key] = _bind(prepared, backend, tensors, refs)
+        bound = _cache.bound[key] = _bind(prepared, backend, tensors, refs)
+        if bound is not None and bound.native is not None and schedule is None:
+            from .runtime.fastlaunch import native_launcher
+            dispatch = _cache.dispatch.get(op_name)
+            if dispatch is None:
+                dispatch = _cache.dispatch[op_name] = native_launcher().Dispatch(MISS)
+            dispatch.add(backend, tuple(attrs.values()), bound.native)
     return result
+
+
+MISS = object()   # what repeat_call (a Dispatch) returns when no native repeat call matches
+
+
+def repeat_call(op_name: str, values: tuple, attrs: tuple) -> Any:
+    """The public functions' first try for a call without `out` or `schedule`: an earlier call's
+    native repeat path when backend, attributes and input signatures match, else MISS. `values`
+    and `attrs` in the order the function passes them to run()."""
+    dispatch = _cache.dispatch.get(op_name)
+    if dispatch is None:
+        return MISS
+    return dispatch(current_backend(), values, attrs)
 
 
 def _hashable(attrs: Mapping[str, Any]) -> tuple:
@@ -213,7 +243,7 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path
     try:
-        return BoundCall(prepared, backend, list(tensors), first.obj)
+        return BoundCall(prepared, backend, list(tensors), first.obj, tuple(tensors.values()))
     except NoFastPath:
         return None
 

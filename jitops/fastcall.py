@@ -8,6 +8,7 @@ GPU, CuPy, an `out` that does not match) takes the general path in engine.py.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 from typing import Any, Callable, Hashable, Sequence
@@ -48,7 +49,8 @@ def signature(v: Any) -> Hashable:
 class BoundCall:
     """One prepared plan bound to a call signature; calling it runs the plan on new arrays."""
 
-    def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any) -> None:
+    def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any,
+                 values: Sequence[Any] = ()) -> None:
         self.backend = backend
         self.lock = threading.Lock()
         torch = sys.modules.get("torch")
@@ -57,7 +59,7 @@ class BoundCall:
             self.pointer: Callable[[Any], int] = lambda v: v.data_ptr()
         else:
             self.pointer = lambda v: v.ctypes.data
-        self.alloc, self.stream, self.expected, self.alloc_like = _framework(first, self.is_torch)
+        self.alloc, self.stream, self.expected, self.alloc_like, self.stream_parts = _framework(first, self.is_torch)
         out_specs: dict[str, TensorSpec] = prepared.problem.outputs()
         in_specs = prepared.problem.inputs()
         # An output shaped like an input is allocated "like" it (torch.empty_like is the cheapest).
@@ -86,10 +88,12 @@ class BoundCall:
         self.fingerprint_inputs = [list(input_names).index(n) if n in input_names else None for n in derived_inputs]
         if self.prepare_steps and not self.is_torch:
             raise NoFastPath  # host inputs are fingerprinted by content: the general path does that
-        self.set_sizes = backend.name == "cpu"   # only the emulator's checked mode reads sizes
+        self.set_sizes = backend.reads_buffer_sizes
         self.input_count = len(input_names)
         # run(inputs, out): straight-line generated code where possible, else the general loop.
         self.run: Callable[[Sequence[Any], dict | None], Any] = self._generate() or self.call
+        # native(inputs): the same call in C, for calls without `out` (engine.run dispatches to it).
+        self.native: Any = self._native(values)
 
     def _generate(self) -> Callable | None:
         """Straight-line Python for this plan: pointers, outputs, launches, no loops or lookups.
@@ -140,6 +144,48 @@ class BoundCall:
         lines.append(f"    return {result}")
         exec(compile("\n".join(lines), "<jitops fast call>", "exec"), ns)
         return ns["fast"]
+
+    def _native(self, values: Sequence[Any]) -> Any:
+        """The repeat call as one C object (runtime/native/jitops_launch.c, FastCall): where the
+        generated Python applies, torch arrays, and every step launches through the native launcher.
+        Saves the interpreter's share of a call (about a microsecond) when kernels take one or two."""
+        if not self.is_torch or self.run == self.call or len(values) != self.input_count:
+            return None
+        tensor = sys.modules["torch"].Tensor
+        if any(v is not None and (not isinstance(v, tensor) or not v.is_contiguous()) for v in values):
+            return None
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device) for v in values)
+        natives = [getattr(step.run, "native", None) for step, _ in self.steps]
+        fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]
+        if not self.steps or None in natives or None in fails:
+            return None
+        from .runtime.fastlaunch import native_launcher
+        module = native_launcher()
+        if module is None or not hasattr(module, "FastCall"):
+            return None
+        outputs = []
+        for name, spec, _, like in self.outputs:
+            outputs.append((self.alloc_like, like) if like is not None else (_partial(self.alloc, spec), -1))
+        steps = []
+        for (step, slots), native in zip(self.steps, natives):
+            _, entry, handle, gx, gy, gz, bx, by, bz, shared = native
+            storage = b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values)
+            if any(ctypes.sizeof(v) > 8 for v in step.packed.values):
+                return None
+            pointer_slots = []
+            for index, where, _ in slots:
+                if isinstance(where, int):
+                    pointer_slots.append((index, where))
+                else:   # a persistent workspace: a constant of this plan
+                    storage = (storage[:8 * index] + int(self.persistent[where]).to_bytes(8, "little")
+                               + storage[8 * index + 8:])
+            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage, pointer_slots))
+
+        def fail(index: int, rc: int, stream: int, params: int) -> None:
+            fails[index](rc, params, stream)
+
+        stream_fn, stream_arg = self.stream_parts
+        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect)
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""
@@ -193,8 +239,9 @@ class BoundCall:
             step.run(packed, stream)
 
 
-def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int], Callable, Callable]:
-    """Output allocator, current-stream getter, expected output signature and allocate-like."""
+def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int], Callable, Callable, tuple]:
+    """Output allocator, current-stream getter, expected output signature, allocate-like, and the
+    stream getter as (function, argument or None) for the native call."""
     if is_torch:
         torch = sys.modules["torch"]
         from .arrays import torch_dtype
@@ -211,9 +258,11 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int],
         if device.type == "cuda":
             index = device.index or 0
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            stream = (lambda: raw(index)) if raw is not None else (lambda: torch.cuda.current_stream(index).cuda_stream)
-            return alloc, stream, expected, empty_like
-        return alloc, (lambda: 0), expected, empty_like
+            if raw is not None:
+                return alloc, (lambda: raw(index)), expected, empty_like, (raw, index)
+            stream = (lambda: torch.cuda.current_stream(index).cuda_stream)
+            return alloc, stream, expected, empty_like, (stream, None)
+        return alloc, _no_stream, expected, empty_like, (_no_stream, None)
 
     def alloc_np(spec: TensorSpec) -> Any:
         return np.empty(spec.shape, dtype=spec.dtype)
@@ -221,4 +270,12 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int],
     def expected_np(spec: TensorSpec) -> Hashable:
         return (np.ndarray, tuple(spec.shape), np.dtype(spec.dtype).num, True)
 
-    return alloc_np, (lambda: 0), expected_np, np.empty_like
+    return alloc_np, _no_stream, expected_np, np.empty_like, (_no_stream, None)
+
+
+def _no_stream() -> int:
+    return 0
+
+
+def _partial(fn: Callable, arg: Any) -> Callable[[], Any]:
+    return lambda: fn(arg)

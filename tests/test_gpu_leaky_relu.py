@@ -98,6 +98,28 @@ def test_non_default_stream_and_graph_capture():
     torch_check(x, out, 0.1)
 
 
+def test_native_repeat_calls_use_their_own_arrays_and_stream():
+    """Repeat calls go through the native dispatch (C): each must launch on the current stream with
+    its own input and a fresh output. x is changed on a busy side stream just before the call, so
+    a launch anywhere else would read it unchanged."""
+    from jitops import engine
+    xs = [torch.randn(1 << 20, device="cuda") for _ in range(4)]
+    jitops.leaky_relu(xs[0], 0.2)
+    assert len(engine._cache.dispatch["leaky_relu"]) >= 1
+    s = torch.cuda.Stream()
+    ys = []
+    for x in xs:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(5_000_000)
+            x.mul_(-3.0)
+            ys.append(jitops.leaky_relu(x, 0.2))
+    s.synchronize()
+    assert len({y.data_ptr() for y in ys}) == len(ys)
+    for x, y in zip(xs, ys):
+        torch_check(x, y, 0.2)
+
+
 def test_cupy_inputs_on_its_stream():
     cupy = pytest.importorskip("cupy")
     with cupy.cuda.Stream(non_blocking=True):

@@ -71,6 +71,7 @@ class Backend(ABC):
 
     name: str = "?"
     device: DeviceInfo
+    reads_buffer_sizes: bool = False    # launches read PackedArgs.buf_bytes (the emulator's checked mode)
 
     # ---- compilation (works offline) ----
     @abstractmethod

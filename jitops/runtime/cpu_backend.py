@@ -52,6 +52,7 @@ class CpuBackend(Backend):
     """Host emulator of a GPU with a configurable warp size."""
 
     name = "cpu"
+    reads_buffer_sizes = True
     _runtime_lock = threading.Lock()
     _runtime: dict[str, ctypes.CDLL] = {}
 

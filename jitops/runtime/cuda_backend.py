@@ -242,8 +242,9 @@ class CudaBackend(Backend):
 
             # What a generated host function needs to make this call inline (see fastcall.py).
             launch.native = (run, entry, handle, gx, gy, gz, bx, by, bz, shared_bytes)
-            launch.fail = lambda rc, args, stream: self._retry_or_raise(rc, kernel, grid, block, shared_bytes,
-                                                                        args.address, stream)
+            launch.fail_at = lambda rc, params, stream: self._retry_or_raise(rc, kernel, grid, block,
+                                                                             shared_bytes, params, stream)
+            launch.fail = lambda rc, args, stream: launch.fail_at(rc, args.address, stream)
         else:
             fn = drv.libcuda().cuLaunchKernel
 
