@@ -124,8 +124,9 @@ def variants(device: DeviceInfo) -> list[tuple[GroupNormProblem, Schedule]]:
             out.append((prob, row_heuristic(spec, device, "naive")))
             out.append((prob, row_heuristic(spec, device)))
             out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size)))
-            out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size, per_sm=1,
-                                            prefetch=True)))
+            if dtype == "float32" and hw == (7, 7):
+                out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size, per_sm=1,
+                                                prefetch=True)))
             out.append((prob, row_heuristic(spec, device, "block", store="smem", tpr=2 * device.warp_size)))
             out.append((prob, row_heuristic(spec, device, "stream")))
             out.append((prob, row_heuristic(spec, device, "split", tpr=device.warp_size, chunks=2)))

@@ -115,10 +115,12 @@ def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
         for stats in ("two_pass", "welford", "sumsq") if dtype == ptype == "float32" else ("two_pass",):
             out.append((prob, row_heuristic(spec, device, "warp", stats=stats)))
             out.append((prob, row_heuristic(spec, device, "block", stats=stats, tpr=2 * device.warp_size)))
-            # Persistent grid, next row prefetched: several rows per block even on a big device.
-            out.append((prob, row_heuristic(spec, device, "block", stats=stats, tpr=2 * device.warp_size,
+        # Persistent grid, next row prefetched (one kernel body for every statistic and dtype).
+        if dtype == ptype == "float32":
+            out.append((prob, row_heuristic(spec, device, "block", stats="welford", tpr=2 * device.warp_size,
                                             per_sm=1, prefetch=True)))
-        out.append((prob, row_heuristic(spec, device, "warp", tpr=8, per_sm=1, prefetch=True)))
+        if dtype == ptype == "float16":
+            out.append((prob, row_heuristic(spec, device, "warp", tpr=8, per_sm=1, prefetch=True)))
         for stats in ("welford", "sumsq") if dtype == ptype == "float32" else ("welford",):
             out.append((prob, row_heuristic(spec, device, "stream", stats=stats)))
             out.append((prob, row_heuristic(spec, device, "split", stats=stats, tpr=64, chunks=2)))

@@ -109,8 +109,9 @@ def variants(device: DeviceInfo) -> list[tuple[RmsNormProblem, Schedule]]:
         out.append((prob, row_heuristic(spec, device, "naive")))
         out.append((prob, row_heuristic(spec, device, "warp")))
         out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size)))
-        out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size, per_sm=1, prefetch=True)))
-        out.append((prob, row_heuristic(spec, device, "warp", tpr=8, per_sm=1, prefetch=True)))
+        if dtype == ptype == "float16":
+            out.append((prob, row_heuristic(spec, device, "block", tpr=2 * device.warp_size, per_sm=1,
+                                            prefetch=True)))
         out.append((prob, row_heuristic(spec, device, "block", store="smem", tpr=256)))
         out.append((prob, row_heuristic(spec, device, "stream")))
         out.append((prob, row_heuristic(spec, device, "split", tpr=64, chunks=2)))
