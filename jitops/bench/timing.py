@@ -83,18 +83,24 @@ class Timer:
             log.info("graph capture failed: %s", exc)
             return None
 
-    def latency_us(self, fn: Callable[[], Any], calls: int = 200) -> float:
-        """Host wall time of one synchronized call, median over many calls."""
-        for _ in range(5):
-            fn()
+    def latency_us(self, fns: dict[str, Callable[[], Any]], calls: int = 1000) -> dict[str, float]:
+        """Host wall time of one synchronized call of each function, median over many calls.
+
+        The functions take turns call by call, so clock changes and background load during the
+        measurement fall on all of them alike (timed one after the other, the same function
+        differed by 1-3 us from run to run on the H200 machine)."""
+        for fn in fns.values():
+            for _ in range(5):
+                fn()
         self.sync()
-        samples = []
+        samples: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(calls):
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                self.sync()
+                samples[name].append((time.perf_counter() - t0) * 1e6)
+        return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float | None:
