@@ -57,7 +57,8 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
     Algorithms: "fused_mma" (fp16, matrix cores), "fused", "three_stage", "naive".
     """
-    if out is None and schedule is None and (y := repeat_call("attention", (q, k, v, mask), (causal, scale))) is not MISS:
+    if out is None and schedule is None and (y := repeat_call(
+            "attention", (q, k, v, mask), (causal, scale))) is not MISS:
         return y
     return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask}, {"causal": causal, "scale": scale},
                       out=_out("out", out), schedule=schedule)
@@ -77,7 +78,8 @@ def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 
 def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *, out: Any = None,
                schedule: ScheduleArg = None) -> Any:
     """Group norm of NCHW input with per-channel gamma and beta."""
-    if out is None and schedule is None and (y := repeat_call("group_norm", (x, gamma, beta), (num_groups, eps))) is not MISS:
+    if out is None and schedule is None and (y := repeat_call(
+            "group_norm", (x, gamma, beta), (num_groups, eps))) is not MISS:
         return y
     return engine.run("group_norm", {"x": x, "gamma": gamma, "beta": beta}, {"num_groups": num_groups, "eps": eps},
                       out=_out("y", out), schedule=schedule)
@@ -96,7 +98,8 @@ def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None,
 def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, eps: float = 1e-6, *,
              out: Any = None, schedule: ScheduleArg = None) -> Any:
     """RMS norm over the trailing `normalized_shape` dims."""
-    if out is None and schedule is None and (y := repeat_call("rms_norm", (x, gamma), (normalized_shape, eps))) is not MISS:
+    if out is None and schedule is None and (y := repeat_call(
+            "rms_norm", (x, gamma), (normalized_shape, eps))) is not MISS:
         return y
     return engine.run("rms_norm", {"x": x, "gamma": gamma}, {"normalized_shape": normalized_shape, "eps": eps},
                       out=_out("y", out), schedule=schedule)

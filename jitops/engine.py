@@ -185,13 +185,6 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
     """Run an op on arrays. Returns the single output, or a tuple in the op's output order."""
     backend = backend or current_backend()
     values = tuple(tensors.values())
-    if out is None and schedule is None:
-        # Native repeat calls: signatures checked in C, no key built or hashed (see fastcall.py).
-        dispatch = _cache.dispatch.get(op_name)
-        if dispatch is not None:
-            result = dispatch(backend, values, tuple(attrs.values()))
-            if result is not MISS:
-                return result
     try:
         key: tuple | None = (op_name, backend, schedule, tuple(attrs.values()), *map(signature, values))
         bound = _cache.bound.get(key)
@@ -222,7 +215,9 @@ MISS = object()   # what repeat_call (a Dispatch) returns when no native repeat 
 def repeat_call(op_name: str, values: tuple, attrs: tuple) -> Any:
     """The public functions' first try for a call without `out` or `schedule`: an earlier call's
     native repeat path when backend, attributes and input signatures match, else MISS. `values`
-    and `attrs` in the order the function passes them to run()."""
+    and `attrs` in the order the function passes them to run(). run() itself does not try this
+    again (a miss would scan the op's native calls twice); direct callers of run() get the
+    generated Python repeat path."""
     dispatch = _cache.dispatch.get(op_name)
     if dispatch is None:
         return MISS

@@ -59,7 +59,9 @@ class BoundCall:
             self.pointer: Callable[[Any], int] = lambda v: v.data_ptr()
         else:
             self.pointer = lambda v: v.ctypes.data
-        self.alloc, self.stream, self.expected, self.alloc_like, self.stream_parts = _framework(first, self.is_torch)
+        self.alloc, self.expected, self.alloc_like, self.stream_parts = _framework(first, self.is_torch)
+        stream_fn, stream_arg = self.stream_parts
+        self.stream: Callable[[], int] = stream_fn if stream_arg is None else (lambda: stream_fn(stream_arg))
         out_specs: dict[str, TensorSpec] = prepared.problem.outputs()
         in_specs = prepared.problem.inputs()
         # An output shaped like an input is allocated "like" it (torch.empty_like is the cheapest).
@@ -92,7 +94,7 @@ class BoundCall:
         self.input_count = len(input_names)
         # run(inputs, out): straight-line generated code where possible, else the general loop.
         self.run: Callable[[Sequence[Any], dict | None], Any] = self._generate() or self.call
-        # native(inputs): the same call in C, for calls without `out` (engine.run dispatches to it).
+        # native(inputs): the same call in C, for calls without `out` (engine.repeat_call finds it).
         self.native: Any = self._native(values)
 
     def _generate(self) -> Callable | None:
@@ -241,9 +243,9 @@ class BoundCall:
             step.run(packed, stream)
 
 
-def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int], Callable, Callable, tuple]:
-    """Output allocator, current-stream getter, expected output signature, allocate-like, and the
-    stream getter as (function, argument or None) for the native call."""
+def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable, tuple]:
+    """Output allocator, expected output signature, allocate-like, and the current-stream getter
+    as (function, argument or None): the native call takes it apart, Python calls fn(arg)."""
     if is_torch:
         torch = sys.modules["torch"]
         from .arrays import torch_dtype
@@ -261,10 +263,9 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int],
             index = device.index or 0
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
             if raw is not None:
-                return alloc, (lambda: raw(index)), expected, empty_like, (raw, index)
-            stream = (lambda: torch.cuda.current_stream(index).cuda_stream)
-            return alloc, stream, expected, empty_like, (stream, None)
-        return alloc, _no_stream, expected, empty_like, (_no_stream, None)
+                return alloc, expected, empty_like, (raw, index)
+            return alloc, expected, empty_like, (lambda: torch.cuda.current_stream(index).cuda_stream, None)
+        return alloc, expected, empty_like, (_no_stream, None)
 
     def alloc_np(spec: TensorSpec) -> Any:
         return np.empty(spec.shape, dtype=spec.dtype)
@@ -272,7 +273,7 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable[[], int],
     def expected_np(spec: TensorSpec) -> Hashable:
         return (np.ndarray, tuple(spec.shape), np.dtype(spec.dtype).num, True)
 
-    return alloc_np, _no_stream, expected_np, np.empty_like, (_no_stream, None)
+    return alloc_np, expected_np, np.empty_like, (_no_stream, None)
 
 
 def _no_stream() -> int:

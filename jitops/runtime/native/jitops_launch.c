@@ -575,20 +575,20 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "jitops_launch", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit_jitops_launch(void) {
-  PyObject* m;
-  if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
-  m = PyModule_Create(&module);
-  if (m == NULL) return NULL;
-  Py_INCREF(&FastCallType);
-  if (PyModule_AddObject(m, "FastCall", (PyObject*)&FastCallType) < 0) {
-    Py_DECREF(&FastCallType);
-    Py_DECREF(m);
-    return NULL;
+static int add_type(PyObject* m, const char* name, PyTypeObject* type) {
+  if (PyType_Ready(type) < 0) return -1;
+  Py_INCREF(type);
+  if (PyModule_AddObject(m, name, (PyObject*)type) < 0) {
+    Py_DECREF(type);
+    return -1;
   }
-  Py_INCREF(&DispatchType);
-  if (PyModule_AddObject(m, "Dispatch", (PyObject*)&DispatchType) < 0) {
-    Py_DECREF(&DispatchType);
+  return 0;
+}
+
+PyMODINIT_FUNC PyInit_jitops_launch(void) {
+  PyObject* m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  if (add_type(m, "FastCall", &FastCallType) < 0 || add_type(m, "Dispatch", &DispatchType) < 0) {
     Py_DECREF(m);
     return NULL;
   }
