@@ -22,7 +22,7 @@ from ..device import KNOWN_TARGETS, DeviceInfo
 from ..errors import BackendUnavailable, CompileError, LaunchError
 from . import cuda_driver as drv
 from .base import Backend, Kernel, PackedArgs, save_failed_source
-from .fastlaunch import native_launcher
+from .fastlaunch import bind_native, native_launcher
 from .hostcc import write_atomic
 
 log = logging.getLogger("jitops.cuda")
@@ -232,26 +232,15 @@ class CudaBackend(Backend):
         bx, by, bz = (int(v) for v in block)
         native = native_launcher()
         if native is not None:
-            entry, run = drv.launch_entry_address(), native.launch
-            handle = kernel.handle
+            return bind_native(native, drv.launch_entry_address(), kernel.handle, grid, block, shared_bytes,
+                               lambda rc, params, stream: self._retry_or_raise(rc, kernel, grid, block,
+                                                                               shared_bytes, params, stream))
+        fn = drv.libcuda().cuLaunchKernel    # no native launcher: ctypes
 
-            def launch(args: PackedArgs, stream: int) -> None:
-                rc = run(entry, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address)
-                if rc:
-                    self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
-
-            # What a generated host function needs to make this call inline (see fastcall.py).
-            launch.native = (run, entry, handle, gx, gy, gz, bx, by, bz, shared_bytes)
-            launch.fail_at = lambda rc, params, stream: self._retry_or_raise(rc, kernel, grid, block,
-                                                                             shared_bytes, params, stream)
-            launch.fail = lambda rc, args, stream: launch.fail_at(rc, args.address, stream)
-        else:
-            fn = drv.libcuda().cuLaunchKernel
-
-            def launch(args: PackedArgs, stream: int) -> None:
-                rc = fn(kernel.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address, None)
-                if rc:
-                    self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
+        def launch(args: PackedArgs, stream: int) -> None:
+            rc = fn(kernel.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address, None)
+            if rc:
+                self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
         return launch
 
     def _retry_or_raise(self, rc: int, kernel: Kernel, grid, block, shared: int, params: int, stream: int) -> None:

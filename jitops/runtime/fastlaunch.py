@@ -13,6 +13,7 @@ import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable, Sequence
 
 from .hostcc import build_library
 
@@ -45,3 +46,25 @@ def native_launcher() -> ModuleType | None:
                 log.info("native launcher unavailable (%s); launching through the binding", exc)
                 _failed = True
     return _module
+
+
+def bind_native(module: ModuleType, entry: int, handle: int, grid: Sequence[int], block: Sequence[int],
+                shared: int, fail_at: Callable[[int, int, int], None]) -> Callable[[Any, int], None]:
+    """A backend's bound launch through the native launcher: launch(args: PackedArgs, stream).
+
+    It carries what the repeat paths need (fastcall.py): `native`, the launcher call's fixed
+    arguments, for generated code and FastCall; `fail_at(rc, params, stream)`, the backend's retry
+    or error for a launch that returned rc with the given argument block; `fail(rc, args, stream)`."""
+    gx, gy, gz = (int(v) for v in grid)
+    bx, by, bz = (int(v) for v in block)
+    run = module.launch
+
+    def launch(args: Any, stream: int) -> None:
+        rc = run(entry, handle, gx, gy, gz, bx, by, bz, shared, stream, args.address)
+        if rc:
+            fail_at(rc, args.address, stream)
+
+    launch.native = (run, entry, handle, gx, gy, gz, bx, by, bz, shared)    # type: ignore[attr-defined]
+    launch.fail_at = fail_at                                                  # type: ignore[attr-defined]
+    launch.fail = lambda rc, args, stream: fail_at(rc, args.address, stream)  # type: ignore[attr-defined]
+    return launch

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from ..errors import BackendUnavailable, LaunchError
 from .base import Kernel, PackedArgs
 from .cpu_backend import CpuBackend
-from .fastlaunch import native_launcher
+from .fastlaunch import bind_native, native_launcher
 
 
 class ProbeBackend(CpuBackend):
@@ -29,20 +29,8 @@ class ProbeBackend(CpuBackend):
 
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
                     shared_bytes: int) -> Callable[[PackedArgs, int], None]:
-        gx, gy, gz = (int(v) for v in grid)
-        bx, by, bz = (int(v) for v in block)
-        run, entry, handle = self.native.launch, self.native.probe_entry(), kernel.handle
-
         def fail_at(rc: int, params: int, stream: int) -> None:
             raise LaunchError(f"probe launch of {kernel.name} (grid={tuple(grid)}, block={tuple(block)}) "
                               f"returned status {rc}")
 
-        def launch(args: PackedArgs, stream: int) -> None:
-            rc = run(entry, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address)
-            if rc:
-                fail_at(rc, args.address, stream)
-
-        launch.native = (run, entry, handle, gx, gy, gz, bx, by, bz, shared_bytes)
-        launch.fail_at = fail_at
-        launch.fail = lambda rc, args, stream: fail_at(rc, args.address, stream)
-        return launch
+        return bind_native(self.native, self.native.probe_entry(), kernel.handle, grid, block, shared_bytes, fail_at)
