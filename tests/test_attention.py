@@ -52,6 +52,13 @@ def expected(data, causal=False, scale=None):
     return op.reference(problem, data)["out"]
 
 
+def _select(data, schedule):
+    from jitops.engine import select_schedule
+    specs = {n: (TensorSpec(a.shape, a.dtype.name) if a is not None else None) for n, a in data.items()}
+    problem = op.make_problem(specs, {"causal": False, "scale": None})
+    return select_schedule(op, problem, jitops.get_backend().device, schedule)
+
+
 def run_checked(data, schedule, causal=False, scale=None, tol=None):
     """Run into a NaN-poisoned output; every element must be written and match float64."""
     out = np.full(data["q"].shape, np.nan, dtype=data["q"].dtype)
@@ -165,10 +172,59 @@ def test_no_keys_and_empty_batches(emu, rng):
 
 # ---------------------------------------------------------------- matrix-core kernel (emulated fragments)
 
-@pytest.mark.parametrize("d", [32, 64, 128])
-def test_fused_mma_emulated(mma_emu, rng, d):
-    data = make(rng, (1, 2, 197, d), (1, 1, 77, d), "float16", mask_shape=(197, 77))
-    run_checked(data, "fused_mma", causal=d == 64)
+@pytest.mark.parametrize("d", [8, 20, 40, 64, 72, 160, 256])
+def test_fused_mma_any_head_dim(mma_emu, rng, d):
+    """D padded to a multiple of 16 inside the kernel: 8 (one k-step), 20 (not a multiple of 8: scalar
+    loads and stores), 40/72 (SD 1.5 and DiT; 16-byte rows), 160/256 (Q read from shared memory)."""
+    sq, sk = (37, 45) if d <= 72 else (19, 24)
+    data = make(rng, (1, 2, sq, d), (1, 1, sk, d), "float16", mask_shape=(sq, sk) if d in (20, 72) else None)
+    run_checked(data, "fused_mma", causal=d in (40, 160))
+
+
+def test_fused_mma_picks_padded_head_dims(mma_emu, rng):
+    """With matrix cores every D runs fused_mma (SD 1.5's D=40 used to fall back to three_stage)."""
+    data = make(rng, (1, 2, 20, 40), (1, 2, 30, 40), "float16")
+    sched, _ = _select(data, None)
+    assert sched.algorithm == "fused_mma" and "padded to 48" in sched.why
+    run_checked(data, None)
+
+
+DECODE = dict(warps=4, row_groups=1, block_k=32, key_warps=2)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1), (16, 2)])
+def test_decode_split_kv_gqa(mma_emu, rng, heads, kv_heads):
+    """Sq = 1 and 3 against Sk = 300: GQA ratios 1, 4, 8 and MQA, query heads packed into one row set,
+    two warps splitting each K/V tile, keys split over 5 blocks (partials + merge kernel)."""
+    pack = heads > kv_heads
+    for sq in (1, 3):
+        data = make(rng, (2, heads, sq, 40), (2, kv_heads, 300, 40), "float16")
+        sched = Schedule.make("fused_mma", **DECODE, splits=5, **({"pack": True} if pack else {}))
+        run_checked(data, sched, causal="bottom_right")
+    specs = {n: TensorSpec(a.shape, a.dtype.name) for n, a in data.items() if a is not None}
+    plan = op.plan(op.make_problem({**specs, "mask": None}, {}), sched, mma_emu.device)
+    assert [launch.kernel for launch in plan.launches] == ["attention_fused_mma", "attention_merge"]
+    assert plan.launches[0].grid[0] == 2 * (heads // (heads // kv_heads if pack else 1)) * 5
+
+
+def test_decode_split_kv_mask_and_hidden_keys(mma_emu, rng):
+    """A per-head mask that hides every key of the first split and one query entirely; large logits."""
+    data = make(rng, (1, 8, 2, 40), (1, 2, 200, 40), "float16", mask_shape=(1, 8, 2, 200))
+    data["mask"][..., :64] = -np.inf              # split 0 (64 keys) sees nothing: its lse is -inf
+    data["mask"][0, 3, 1] = -np.inf               # head 3, query 1: no key at all -> 0
+    data["mask"][0, 5] += 300.0                   # large logits on one head
+    sched = Schedule.make("fused_mma", **DECODE, splits=3, pack=True)
+    out = run_checked(data, sched, tol=4e-3)
+    assert np.all(out[0, 3, 1] == 0)
+    run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, pack=True), tol=4e-3)
+
+
+def test_causal_sq_not_sk_on_matrix_cores(mma_emu, rng):
+    """Causal with Sq != Sk, both diagonals, through the prefill tiles and the split-KV path."""
+    data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")
+    for causal in ("top_left", "bottom_right"):
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16), causal=causal)
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16, splits=3), causal=causal)
 
 
 def test_fused_mma_tiles_and_edges(mma_emu, rng):
@@ -204,7 +260,8 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
     h100 = KNOWN_TARGETS["sm_90"]
     assert op.heuristic(problem("float16", 64), h100).algorithm == "fused_mma"
     assert op.heuristic(problem("float32", 64), h100).algorithm == "fused"
-    assert op.heuristic(problem("float16", 40), h100).algorithm == "three_stage"
+    assert op.heuristic(problem("float16", 40), h100).algorithm == "fused_mma"
+    assert op.heuristic(problem("float16", 40), emu.device).algorithm == "three_stage"   # no matrix cores
     assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
     assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
     big = op.heuristic(problem("float16", 64, sq=2048), h100)
