@@ -207,11 +207,6 @@ def require_rank(op: str, name: str, spec: TensorSpec, ranks: Sequence[int] | in
         raise ArgumentError(name, f"a tensor of rank {want}", f"shape {spec.shape}", op=op)
 
 
-def require_shape(op: str, name: str, spec: TensorSpec, shape: Sequence[int]) -> None:
-    if tuple(spec.shape) != tuple(shape):
-        raise ArgumentError(name, f"shape {tuple(shape)}", f"shape {spec.shape}", op=op)
-
-
 def index_type(*extents: int) -> str:
     """32-bit indexing when every offset fits (seed 003), else 64-bit."""
     return "int" if max(extents, default=0) <= INT32_MAX else "jt_int64"
