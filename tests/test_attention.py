@@ -4,6 +4,7 @@ Tolerances are relative to max |reference| (inputs of order 1):
 - fp32: fp32 dot products and sums, exp2 on the SFU (a few ulp): 2e-5.
 - fp16: inputs are exact in the reference; the output is rounded to fp16 (2^-11 of the largest value)
   and the matrix-core kernel also rounds P to fp16 before P V: 2e-3.
+- bf16: the same roundings with an 8-bit significand (2^-9, 8x fp16's half ulp): 1.6e-2.
 The matrix-core kernel runs on the emulator with its fragments done in software (warp 32: NVIDIA's
 mma.sync layouts, warp 64: AMD's MFMA layouts); the public emulator device has no matrix cores
 and refuses that schedule.
@@ -25,7 +26,7 @@ from jitops.runtime.cpu_backend import CpuBackend
 from conftest import rel_error
 
 op = get_op("attention")
-TOL = {"float32": 2e-5, "float16": 2e-3}
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 SIMT = ("fused", "three_stage", "naive")
 
 
@@ -38,7 +39,17 @@ def mma_emu(request):
         yield backend
 
 
+@pytest.fixture
+def mma_emu_device(emu):
+    """The emulator of `emu`'s warp size with matrix-core fragments emulated (tests only)."""
+    backend = CpuBackend(warp_size=emu.device.warp_size, checked=True)
+    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+    return backend
+
+
 def make(rng, q_shape, kv_shape, dtype="float32", mask_shape=None, mask_dtype="float32"):
+    if "bfloat16" in (dtype, mask_dtype):
+        pytest.importorskip("ml_dtypes")
     data = {"q": rng.standard_normal(q_shape).astype(dtype), "k": rng.standard_normal(kv_shape).astype(dtype),
             "v": rng.standard_normal(kv_shape).astype(dtype), "mask": None}
     if mask_shape is not None:
@@ -179,6 +190,19 @@ def test_fused_mma_any_head_dim(mma_emu, rng, d):
     sq, sk = (37, 45) if d <= 72 else (19, 24)
     data = make(rng, (1, 2, sq, d), (1, 1, sk, d), "float16", mask_shape=(sq, sk) if d in (20, 72) else None)
     run_checked(data, "fused_mma", causal=d in (40, 160))
+
+
+def test_bf16_every_algorithm(emu, mma_emu_device, rng):
+    """bfloat16 (numpy ml_dtypes) through the SIMT kernels and, with emulated fragments, fused_mma
+    (prefill with a bf16 mask and causal; decoding with packed heads and split keys)."""
+    data = make(rng, (1, 2, 21, 32), (1, 1, 30, 32), "bfloat16", mask_shape=(21, 30), mask_dtype="bfloat16")
+    for algorithm in SIMT:
+        run_checked(data, algorithm, causal=True)
+    with use_backend(mma_emu_device):
+        run_checked(data, "fused_mma", causal=True)
+        dec = make(rng, (2, 8, 1, 40), (2, 2, 200, 40), "bfloat16")
+        out = run_checked(dec, Schedule.make("fused_mma", **DECODE, splits=3, pack=True), causal="bottom_right")
+        assert out.dtype.name == "bfloat16"
 
 
 def test_fused_mma_picks_padded_head_dims(mma_emu, rng):

@@ -1,4 +1,4 @@
-"""attention on the matrix cores (fused_mma): tile choice, split-KV, GQA packing and the launches.
+"""attention on the matrix cores (fused_mma, fp16 or bf16 operands, fp32 accumulation): tile choice, split-KV, GQA packing and the launches.
 
 One kernel family (templates/attention/fused_mma.hip.j2) covers every head dim 1..256 (padded
 to a multiple of 16 inside the kernel), prefill and decoding:
@@ -19,7 +19,7 @@ from ..errors import ScheduleError
 from .attention_problem import AttentionProblem
 from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div
 
-MMA_DTYPES = ("float16",)
+MMA_DTYPES = ("float16", "bfloat16")
 TEMPLATE = "attention/fused_mma.hip.j2"
 MERGE_TEMPLATE = "attention/split_merge.hip.j2"
 MERGE_BLOCK = 256

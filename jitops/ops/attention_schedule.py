@@ -338,9 +338,9 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
             out.append((pr, heuristic(pr, device, "fused_mma")))
         pr = problem("float16", 64, mask=True, causal=True)
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=2, block_k=64)))
-        # decoding: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel
-        specs = {"q": TensorSpec((2, 8, 1, 72), "float16"), "k": TensorSpec((2, 2, 4096, 72), "float16"),
-                 "v": TensorSpec((2, 2, 4096, 72), "float16"), "mask": None}
+        # decoding, bf16: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel
+        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16"),
+                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16"), "mask": None}
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))
