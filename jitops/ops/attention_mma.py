@@ -164,6 +164,8 @@ def mma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     dp = padded_dim(p.d)
     for warps in (2, 4, 8, 16):
         for groups in ((1, 2) if dp <= 64 and warps <= 8 else (1,)):
+            if dp > 128 and warps > 4:
+                continue
             if warps * device.warp_size > device.max_threads_per_block:
                 continue
             for bk in ((32, 64, 128) if dp <= 64 else (32, 64)):
@@ -173,6 +175,10 @@ def mma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
                 if groups == 2 and warps == 4 and device.backend == "cuda":
                     # three resident blocks instead of two: registers capped near 168 per thread
                     out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=bk, min_blocks=3))
+    if 64 < dp <= 128:                   # FA-2's D=128 shape: 4 warps x 32 rows, Q re-read from shared memory
+        for bk in (32, 64):
+            if shared_bytes(p.d, 128, bk) <= device.shared_per_block_optin:
+                out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=bk, q_regs=False))
     h = mma_schedule(p, device)
     out.append(h)
     s = int(h.get("splits", 1))
@@ -213,7 +219,8 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
         raise ScheduleError(f"attention fused_mma: {blocks} blocks exceed the grid limit")
     params = {**common, "head_dim": p.d, "warps": warps, "row_groups": groups, "block_k": bk,
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
-              "scale_positive": p.scale > 0, "q_in_regs": q_in_registers(p.d), "packed": pack, "split": splits > 1}
+              "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
+              "packed": pack, "split": splits > 1}
     total_rows = p.batch * p.heads * p.sq
     ikind = "i32" if idx == "int" else "i64"
     if splits > 1:
