@@ -35,22 +35,20 @@ def _s(**kw):
 DEC = dict(warps=4, row_groups=1, block_k=64, key_warps=4, pack=True)
 # fp16 tile alternatives timed next to the scheduler's choice (graph replay), to tune the heuristic.
 SWEEP = {
-    "B=8 H=16 S=2048 D=64": [_s(warps=8, row_groups=1, block_k=128), _s(warps=4, row_groups=2, block_k=128),
-                             _s(warps=4, row_groups=2, block_k=64), _s(warps=16, row_groups=1, block_k=64)],
-    "SD1.5 self D=40": [_s(warps=8, row_groups=1, block_k=128), _s(warps=4, row_groups=2, block_k=64),
-                        _s(warps=4, row_groups=2, block_k=128), _s(warps=16, row_groups=1, block_k=64)],
-    "GPT-2 causal S=1024": [_s(warps=8, row_groups=1, block_k=128), _s(warps=4, row_groups=2, block_k=64),
-                            _s(warps=4, row_groups=1, block_k=64)],
-    "Whisper enc H=20 S=1500": [_s(warps=4, row_groups=1, block_k=64), _s(warps=8, row_groups=1, block_k=128),
-                                _s(warps=4, row_groups=2, block_k=64)],
-    "Llama3-8B prefill GQA causal": [_s(warps=8, row_groups=1, block_k=64), _s(warps=4, row_groups=1, block_k=32),
-                                     _s(warps=4, row_groups=2, block_k=64, q_regs=False),
-                                     _s(warps=8, row_groups=1, block_k=32)],
-    "DiT-XL S=1024 D=72": [_s(warps=8, row_groups=1, block_k=64), _s(warps=4, row_groups=1, block_k=32),
-                           _s(warps=4, row_groups=2, block_k=64, q_regs=False), _s(warps=2, row_groups=1, block_k=64)],
-    "Llama3-8B decode B=16 Sk=4096": [_s(**DEC), _s(**DEC, splits=6), _s(**DEC, splits=12),
-                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6)],
-    "Gemma-7B prefill D=256 causal": [_s(warps=2, row_groups=1, block_k=32), _s(warps=4, row_groups=1, block_k=16)],
+    "B=8 H=16 S=2048 D=64": [_s(warps=8, row_groups=1, block_k=64, stages=3)],
+    "BERT-base S=128": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, row_groups=2, block_k=64),
+                        _s(warps=2, row_groups=1, block_k=64)],
+    "CLIP ViT-L/14 S=257": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, row_groups=2, block_k=64)],
+    "SD1.5 self D=40": [_s(warps=8, row_groups=1, block_k=64, stages=3)],
+    "Llama3-8B prefill GQA causal": [_s(warps=4, row_groups=2, block_k=32, q_regs=False),
+                                     _s(warps=4, row_groups=2, block_k=32, q_regs=False, stages=3)],
+    "Llama3-8B decode B=16 Sk=4096": [_s(**DEC, splits=3, stages=3), _s(**DEC, splits=3, stages=4),
+                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=3, stages=4),
+                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6, stages=3)],
+    "Falcon-7B decode MQA Sk=2048": [_s(warps=8, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8),
+                                     _s(warps=4, row_groups=1, block_k=64, pack=True, splits=8),
+                                     _s(warps=2, row_groups=1, block_k=64, pack=True, splits=12, stages=3)],
+    "Gemma-7B prefill D=256 causal": [_s(warps=8, row_groups=1, block_k=32), _s(warps=4, row_groups=1, block_k=64)],
 }
 
 
@@ -134,13 +132,17 @@ def sweep(timer, rows, stop_at):
 
 
 def sanitize_case():
-    """Small cases reaching each new path: padded D (fast epilogue), D=256 with causal and a mask,
-    decoding with packed heads, key-splitting warps and split-KV + merge, bf16."""
+    """Small cases reaching each new path: padded D (fast epilogue), D=256 with causal, decoding with
+    packed heads, key-splitting warps, split-KV + merge and a 4-deep copy ring, MQA packed into
+    prefill tiles with a 3-deep ring, bf16."""
     dev = jitops.get_backend().device
     runs = [((1, 2, 70, 40), (1, 2, 90, 40), "float16", False, None),
             ((1, 2, 40, 256), (1, 2, 50, 256), "float16", True, None),
             ((2, 8, 1, 128), (2, 2, 600, 128), "float16", False,
-             Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=4)),
+             Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=2,
+                           stages=4)),
+            ((2, 12, 1, 64), (2, 1, 700, 64), "float16", False,
+             Schedule.make("fused_mma", warps=2, row_groups=1, block_k=64, pack=True, splits=3, stages=3)),
             ((2, 8, 3, 72), (2, 1, 300, 72), "bfloat16", "bottom_right",
              Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3))]
     bad = 0

@@ -243,6 +243,17 @@ def test_decode_split_kv_mask_and_hidden_keys(mma_emu, rng):
     run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, pack=True), tol=4e-3)
 
 
+def test_deeper_copy_pipelines(mma_emu, rng):
+    """3 and 4 K/V buffers in a ring (more tiles in flight): tile counts below, at and above the depth."""
+    for sk in (20, 64, 230):
+        data = make(rng, (1, 4, 2, 24), (1, 1, sk, 24), "float16")
+        for stages in (3, 4):
+            sched = Schedule.make("fused_mma", **DECODE, pack=True, stages=stages, **({"splits": 2} if sk > 64 else {}))
+            run_checked(data, sched, causal="bottom_right")
+    data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")
+    run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16, stages=3), causal=True)
+
+
 def test_causal_sq_not_sk_on_matrix_cores(mma_emu, rng):
     """Causal with Sq != Sk, both diagonals, through the prefill tiles and the split-KV path."""
     data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")

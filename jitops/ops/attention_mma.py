@@ -24,12 +24,16 @@ TEMPLATE = "attention/fused_mma.hip.j2"
 MERGE_TEMPLATE = "attention/split_merge.hip.j2"
 MERGE_BLOCK = 256
 MAX_SPLITS = 128
-# (warps, row groups per warp) to try, preferred first on equal cost. Measured on an H200
-# (2026-11-22, D=64, docs/performance.md): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256
-# S=128 and B=8 H=16 S=2048: 16 warps per multiprocessor (119 registers) hide latency better than
-# 8 warps holding two groups each (209 registers). Larger D: one group per warp (registers).
-SHAPES_UP_TO_64 = ((8, 1), (4, 2), (4, 1), (2, 1))
-SHAPES_ABOVE_64 = ((4, 1), (2, 1))
+# (warps, row groups per warp, Q fragments in registers or None: by D) to try, preferred first on
+# equal cost. H200 (2026-11-22, D=64): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256 S=128 and
+# B=8 H=16 S=2048 (16 warps per multiprocessor at 119 registers hide latency better than 8 warps at
+# 209). H100 (2026-11-23, scripts/device_attention.py sweep): DiT D=72 runs 1.25x faster on 8 x 1
+# than on 4 x 1; Llama-3 prefill D=128 1.25x faster on FA-2's 4 warps x 2 groups with Q re-read from
+# shared memory than on 4 x 1, and 8 x 1 only 1.06x.
+SHAPES_UP_TO_64 = ((8, 1, None), (4, 2, None), (4, 1, None), (2, 1, None))
+SHAPES_UP_TO_96 = ((8, 1, None), (4, 1, None), (2, 1, None))
+SHAPES_UP_TO_128 = ((4, 2, False), (4, 1, None), (2, 1, None))
+SHAPES_ABOVE_128 = ((4, 1, None), (2, 1, None))
 
 
 def padded_dim(d: int) -> int:
@@ -44,22 +48,22 @@ def q_in_registers(d: int) -> bool:
 
 
 def shared_bytes(d: int, block_q: int, block_k: int, key_warps: int = 1, split: bool = False,
-                 elem: int = 2) -> int:
-    """Q tile plus double-buffered K and V tiles (rows padded by 8 elements); the merge epilogue
-    reuses that space for fp32 per-warp states and may need more."""
+                 stages: int = 2, elem: int = 2) -> int:
+    """Q tile plus `stages` buffers of K and V tiles (rows padded by 8 elements); the merge
+    epilogue reuses that space for fp32 per-warp states and may need more."""
     dp = padded_dim(d)
-    main = elem * (dp + 8) * (block_q + 4 * block_k)
+    main = elem * (dp + 8) * (block_q + 2 * stages * block_k)
     if key_warps == 1 and not split:
         return main
     return max(main, 4 * key_warps * block_q * (dp + 4 + 2))
 
 
-def _registers(d: int, groups: int, block_k: int, key_warps: int) -> int:
+def _registers(d: int, groups: int, block_k: int, key_warps: int, q_regs: bool) -> int:
     """Rough registers per thread: O accumulators, scores, Q fragments (when kept) and ~64 for
     addresses and softmax state (the D=64 prefill kernel reported 119 on NVRTC 13)."""
     dt = padded_dim(d) // 16
     per_lane = 8 * groups * dt + 8 * groups * (block_k // 16 // key_warps)
-    return 64 + per_lane + (4 * groups * dt if q_in_registers(d) else 0)
+    return 64 + per_lane + (4 * groups * dt if q_regs else 0)
 
 
 def _blocks_per_sm(device: DeviceInfo, threads: int, smem: int, registers: int) -> int:
@@ -86,8 +90,9 @@ def choose_splits(device: DeviceInfo, blocks: int, kv_tiles: int, per_sm: int) -
 
 
 def _pack(p: AttentionProblem) -> bool:
-    """Pack a kv head's query heads into one row set when each head has few query rows."""
-    return p.group > 1 and p.sq * p.group <= 64
+    """Pack a kv head's query heads into one row set when each head has few query rows (decoding,
+    speculative decoding): K/V are then read once per kv head (MQA: once for all 71 Falcon heads)."""
+    return p.group > 1 and p.sq <= 16
 
 
 def _small_sk_block(sk: int, options: tuple[int, ...]) -> int:
@@ -102,19 +107,20 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo, warps: int | None = No
     pack = _pack(p)
     rows = (p.group if pack else 1) * p.sq
     sets = p.batch * p.heads // (p.group if pack else 1)
-    shapes: tuple[tuple[int, int, int], ...]
+    shapes: tuple[tuple[int, int, int, bool | None], ...]
     if rows <= 16:                       # decoding: one row tile, the warps split each tile's keys
         bk = 64 if dp <= 128 else 32
-        shapes = ((bk // 16, 1, bk // 16),)
+        shapes = ((bk // 16, 1, bk // 16, None),)
         bks: tuple[int, ...] = (bk,)
     else:
-        base = SHAPES_UP_TO_64 if dp <= 64 else SHAPES_ABOVE_64
-        shapes = tuple((w, g, 1) for w, g in base)
+        base = (SHAPES_UP_TO_64 if dp <= 64 else SHAPES_UP_TO_96 if dp <= 96 else SHAPES_UP_TO_128 if dp <= 128
+                else SHAPES_ABOVE_128)
+        shapes = tuple((w, g, 1, q) for w, g, q in base)
         bks = (64, 32, 16) if dp <= 128 else (32, 16)
         if p.sk <= 128:
             bks = tuple(sorted(bks, key=lambda bk: bk != _small_sk_block(p.sk, bks)))
     best = None
-    for w, groups, key_warps in shapes:
+    for w, groups, key_warps, q_regs in shapes:
         if warps is not None and w != warps:
             continue
         threads = w * device.warp_size
@@ -130,18 +136,20 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo, warps: int | None = No
         blocks = sets * ceil_div(max(rows, 1), block_q)
         cost = ceil_div(blocks, device.multiprocessors) * (block_q + 32)
         if best is None or cost < best[0]:
-            best = (cost, w, groups, key_warps, bk, blocks, threads)
+            best = (cost, w, groups, key_warps, bk, blocks, threads, q_regs)
     if best is None:
         raise ScheduleError(f"attention fused_mma: no tile of D={p.d} fits {device.shared_per_block_optin} bytes "
                             f"of shared memory on {device.name}")
-    _, w, groups, key_warps, bk, blocks, threads = best
+    _, w, groups, key_warps, bk, blocks, threads, q_regs = best
     block_q = 16 * groups * (w // key_warps)
     per_sm = _blocks_per_sm(device, threads, shared_bytes(p.d, block_q, bk, key_warps, True),
-                            _registers(p.d, groups, bk, key_warps))
+                            _registers(p.d, groups, bk, key_warps, q_in_registers(p.d) if q_regs is None else q_regs))
     splits = choose_splits(device, blocks, ceil_div(p.sk, bk), per_sm)
     params: dict = dict(warps=w, row_groups=groups, block_k=bk)
     if key_warps > 1:
         params["key_warps"] = key_warps
+    if q_regs is not None and q_regs != q_in_registers(p.d):
+        params["q_regs"] = q_regs
     if pack:
         params["pack"] = True
     if splits > 1:
@@ -196,14 +204,15 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     warps, groups, bk = (int(schedule[n]) for n in ("warps", "row_groups", "block_k"))
     key_warps = int(schedule.get("key_warps", 1))
     splits = int(schedule.get("splits", 1))
+    stages = int(schedule.get("stages", 2))
     pack = bool(schedule.get("pack", False)) and p.group > 1
     if (bk % 16 or bk <= 0 or warps <= 0 or groups <= 0 or key_warps <= 0 or warps % key_warps
-            or (bk // 16) % key_warps or splits < 1):
+            or (bk // 16) % key_warps or splits < 1 or not 2 <= stages <= 8):
         raise ScheduleError(f"attention fused_mma: block_k={bk} must be a multiple of 16 whose 16-key slices "
                             f"divide among key_warps={key_warps}, which must divide warps={warps}")
     threads = warps * device.warp_size
     block_q = 16 * groups * (warps // key_warps)
-    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1)
+    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1, stages)
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"attention fused_mma: {threads} threads per block exceed {device.name}'s limit")
     if smem > device.shared_per_block_optin:
@@ -220,7 +229,7 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     params = {**common, "head_dim": p.d, "warps": warps, "row_groups": groups, "block_k": bk,
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
               "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
-              "packed": pack, "split": splits > 1}
+              "packed": pack, "split": splits > 1, "stages": stages}
     total_rows = p.batch * p.heads * p.sq
     ikind = "i32" if idx == "int" else "i64"
     if splits > 1:
