@@ -95,7 +95,7 @@ def measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=None, vendor
     row["graph_us"] = timer.graph_us(run, n=n)
     if vendor:
         sdpa = sdpa_call(torch, q, k, v, causal)
-        row["sdpa_error"] = float((sdpa().double() - ref).abs().max()) / scale
+        row["sdpa_error"] = float((sdpa().double().reshape(ref.shape) - ref).abs().max()) / scale
         row["sdpa_graph_us"] = timer.graph_us(sdpa, n=n)
         row["eager_us"] = timer.per_call_us(run, n=n)
         row["sdpa_eager_us"] = timer.per_call_us(sdpa, n=n)

@@ -305,6 +305,32 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
     assert 16 * small["warps"] * small["row_groups"] < 128
 
 
+def test_scheduler_decoding_and_model_shapes():
+    """On an H100-class target: decoding packs GQA/MQA heads, splits each tile's keys over the warps and
+    the keys over ~3 blocks per SM (the choices the H100 sweep of 2026-11-23 measured fastest); D=40,
+    72 and 256 stay on the matrix cores."""
+    from jitops.device import KNOWN_TARGETS
+    h100 = KNOWN_TARGETS["sm_90"]
+
+    def pick(q, kv, causal=False):
+        specs = {"q": TensorSpec(q, "float16"), "k": TensorSpec(kv, "float16"), "v": TensorSpec(kv, "float16"),
+                 "mask": None}
+        return op.heuristic(op.make_problem(specs, {"causal": causal}), h100)
+
+    llama = pick((16, 32, 1, 128), (16, 8, 4096, 128))
+    assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama["splits"] == 3
+    falcon = pick((16, 71, 1, 64), (16, 1, 2048, 64))
+    assert falcon.get("pack") and falcon["warps"] == 8 and falcon["key_warps"] == 4 and falcon["splits"] == 8
+    assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why
+    mha = pick((16, 32, 1, 128), (16, 32, 4096, 128))          # 512 row sets already fill the device
+    assert mha.get("splits", 1) == 1 and not mha.get("pack")
+    prefill = pick((1, 32, 2048, 128), (1, 8, 2048, 128), True)
+    assert (prefill["warps"], prefill["row_groups"], prefill["q_regs"]) == (4, 2, False)
+    for d in (40, 72, 256):
+        assert pick((2, 8, 1024, d), (2, 8, 1024, d)).algorithm == "fused_mma"
+    assert pick((1, 16, 2048, 256), (1, 16, 2048, 256), True)["warps"] == 8
+
+
 def test_matrix_core_schedule_is_refused_on_the_emulator(emu, rng):
     data = make(rng, (1, 16, 64), (1, 16, 64), "float16")
     with pytest.raises(ScheduleError, match="matrix cores"):
