@@ -38,7 +38,8 @@ Q2 = dict(row_groups=2, q_regs=False)        # 2 row groups per warp sharing K/V
 SWEEP = {
     "Llama3-8B decode B=16 Sk=4096": [_s(**DEC, splits=3, stages=3), _s(**DEC, splits=3, stages=4),
                                       _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=3, stages=4),
-                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6, stages=3)],
+                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6,
+                                         stages=3)],
     "Falcon-7B decode MQA Sk=2048": [_s(warps=8, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8),
                                      _s(warps=4, row_groups=1, block_k=64, pack=True, splits=8),
                                      _s(warps=2, row_groups=1, block_k=64, pack=True, splits=12, stages=3)],
@@ -105,7 +106,7 @@ def measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=None, vendor
         row["ratio"] = row["sdpa_graph_us"] / row["graph_us"]
         row["ratio_eager"] = row["sdpa_eager_us"] / row["eager_us"]
         row["tflops"] = p.flops() / (row["graph_us"] * 1e-6) / 1e12
-    del q, k, v, out, ref
+    del ref
     torch.cuda.empty_cache()
     return row
 

@@ -1,4 +1,5 @@
-"""attention on the matrix cores (fused_mma, fp16 or bf16 operands, fp32 accumulation): tile choice, split-KV, GQA packing and the launches.
+"""attention on the matrix cores (fused_mma: fp16 or bf16 operands, fp32 accumulation): tile choice,
+split-KV, GQA packing and the launches.
 
 One kernel family (templates/attention/fused_mma.hip.j2) covers every head dim 1..256 (padded
 to a multiple of 16 inside the kernel), prefill and decoding:
@@ -111,30 +112,27 @@ def _small_sk_block(sk: int, options: tuple[int, ...]) -> int:
     return min(options, key=lambda bk: (ceil_div(max(sk, 1), bk) * (bk + 16), -bk))
 
 
-def mma_schedule(p: AttentionProblem, device: DeviceInfo, warps: int | None = None) -> Schedule:
-    """The scheduler's fused_mma tiles for this problem (warps: restrict to that many)."""
+def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
+    """The scheduler's fused_mma tiles for this problem, with the reasons in `why`."""
     dp = padded_dim(p.d)
     pack = _pack(p)
     rows = (p.group if pack else 1) * p.sq
     sets = p.batch * p.heads // (p.group if pack else 1)
-    shapes: tuple[tuple[int, int, int, bool | None], ...]
+    shapes: tuple[tuple[int, int, int, bool | None, tuple[int, ...]], ...]   # (warps, groups, key warps, Q, tiles)
     decoding = rows <= 16 or (pack and rows <= 128)
     if decoding:                         # one or two 16-row tiles per set: the warps split each tile's keys
-        bk = 64 if dp <= 128 else 32
         row_warps = 1 if rows <= 16 else 2
-        shapes = ((row_warps * bk // 16, 1, bk // 16, None),)
-        bks: tuple[int, ...] = (bk,)
+        shapes = tuple((row_warps * bk // 16, 1, bk // 16, None, (bk,))            # one 16-key slice per warp
+                       for bk in ((64, 32, 16) if dp <= 128 else (32, 16)))
     else:
         base = (SHAPES_UP_TO_64 if dp <= 64 else SHAPES_UP_TO_96 if dp <= 96 else SHAPES_UP_TO_128 if dp <= 128
                 else SHAPES_ABOVE_128)
-        shapes = tuple((w, g, 1, q) for w, g, q in base)
         bks = (64, 32, 16) if dp <= 128 else (32, 16)
         if p.sk <= 128:
             bks = tuple(sorted(bks, key=lambda bk: bk != _small_sk_block(p.sk, bks)))
+        shapes = tuple((w, g, 1, q, bks) for w, g, q in base)
     best = None
-    for w, groups, key_warps, q_regs in shapes:
-        if warps is not None and w != warps:
-            continue
+    for w, groups, key_warps, q_regs, bks in shapes:
         threads = w * device.warp_size
         if threads > device.max_threads_per_block:
             continue

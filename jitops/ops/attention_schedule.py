@@ -16,13 +16,12 @@ import logging
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
-from .attention_problem import MAX_HEAD_DIM, AttentionProblem, make_problem
+from .attention_problem import AttentionProblem, make_problem
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
 
 log = logging.getLogger("jitops.ops.attention")
 
 ALGORITHMS = ("fused_mma", "fused", "three_stage", "naive")
-MMA_HEAD_DIMS = tuple(range(1, MAX_HEAD_DIM + 1))
 SIMT_HEAD_DIMS = (32, 64, 96, 128)
 LOG2E = 1.4426950408889634
 TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2",
@@ -105,7 +104,7 @@ def _three_stage_schedule(p: AttentionProblem, device: DeviceInfo, why: str = ""
 
 
 def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
-    """fp16 + matrix cores: fused_mma (any D); else D in 32/64/96/128: fused; else three_stage.
+    """fp16/bf16 + matrix cores: fused_mma (any D); else D in 32/64/96/128: fused; else three_stage.
     naive only when asked for."""
     p = problem
     if algorithm is None:
