@@ -68,10 +68,7 @@ def _registers(d: int, groups: int, block_k: int, key_warps: int, q_regs: bool) 
 
 
 def _blocks_per_sm(device: DeviceInfo, threads: int, smem: int, registers: int) -> int:
-    by_smem = device.shared_per_multiprocessor // max(smem + 1024, 1)    # 1 KiB reserved per block
-    by_threads = 2048 // threads if device.backend == "cuda" else 2560 // threads
-    by_regs = device.registers_per_multiprocessor // (threads * min(registers, 255))
-    return max(1, min(by_smem, by_threads, by_regs, 32))
+    return min(device.resident_blocks(threads, smem + 1024, min(registers, 255)), 32)   # 1 KiB reserved per block
 
 
 def choose_splits(device: DeviceInfo, blocks: int, kv_tiles: int, per_sm: int) -> int:
