@@ -592,5 +592,12 @@ PyMODINIT_FUNC PyInit_jitops_launch(void) {
     Py_DECREF(m);
     return NULL;
   }
+#ifdef JITOPS_LAUNCH_DIGEST
+  /* Built with the wheel (setup.py): the digest of this file, so a stale build is not used. */
+  if (PyModule_AddStringConstant(m, "source_digest", JITOPS_LAUNCH_DIGEST) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+#endif
   return m;
 }
