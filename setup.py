@@ -1,6 +1,6 @@
 """Native parts built with the wheel, when a compiler is there (metadata lives in pyproject.toml).
 
-- `jitops.runtime.jitops_launch`: the native launcher (runtime/native/jitops_launch.c), a real
+- `jitops.runtime.jitops_launch`: the native launcher (runtime/native/*.c), a real
   extension module. Its `source_digest` names the source it was built from, so a stale in-place
   build beside edited sources is not used.
 - `jitops/onnx/libjitops_ort-<digest>.so`: the ONNX Runtime custom-op library (not a Python
@@ -22,7 +22,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-LAUNCH_SOURCE = Path("jitops/runtime/native/jitops_launch.c")
+NATIVE_DIR = Path("jitops/runtime/native")
+# Every file of the launcher module, in the order jitops.runtime.fastlaunch hashes them.
+LAUNCH_FILES = [NATIVE_DIR / f for f in ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c")]
 ORT_DIR = Path("jitops/onnx/native")
 
 
@@ -85,8 +87,9 @@ class OptionalNativeBuild(build_ext):
 
 
 setup(
-    ext_modules=[Extension("jitops.runtime.jitops_launch", [str(LAUNCH_SOURCE)], optional=True,
-                           define_macros=[("JITOPS_LAUNCH_DIGEST", f'"{_digest([LAUNCH_SOURCE])}"')],
+    ext_modules=[Extension("jitops.runtime.jitops_launch", [str(f) for f in LAUNCH_FILES if f.suffix == ".c"],
+                           depends=[str(LAUNCH_FILES[0])], optional=True,
+                           define_macros=[("JITOPS_LAUNCH_DIGEST", f'"{_digest(LAUNCH_FILES)}"')],
                            extra_compile_args=["-O2"])],
     cmdclass={"build_ext": OptionalNativeBuild},
 )

@@ -52,6 +52,7 @@ class BoundCall:
     def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any,
                  values: Sequence[Any] = ()) -> None:
         self.backend = backend
+        self.prepared = prepared
         self.lock = threading.Lock()
         torch = sys.modules.get("torch")
         self.is_torch = torch is not None and isinstance(first, torch.Tensor)
@@ -148,13 +149,16 @@ class BoundCall:
         return ns["fast"]
 
     def _native(self, values: Sequence[Any]) -> Any:
-        """The repeat call as one C object (runtime/native/jitops_launch.c, FastCall): where the
-        generated Python applies, torch arrays, and every step launches through the native launcher.
-        With the Dispatch in front of it, a cached call's own host work drops from ~3.5 to ~1.4 us on
-        a 2-core CPU (scripts/host_overhead.py): it matters when kernels take one or two."""
-        generated = self.run != self.call
-        if not self.is_torch or not generated or len(values) != self.input_count:
+        """The repeat call as one C object (runtime/native/jitops_fastcall.c, FastCall), for torch
+        arrays on a backend whose launches all go through the native launcher. Per-call scratch
+        (per stream) and derived data (per derived-from inputs' pointers and versions, guarded by
+        weak references) are remembered in C; Python is asked only on the first call on a stream
+        or with new derived-from inputs. With the Dispatch in front of it, a cached call's own
+        host work drops from ~3.5 to ~1.4 us on a 2-core CPU (scripts/host_overhead.py)."""
+        if not self.is_torch or self.set_sizes or len(values) != self.input_count:
             return None
+        if any(w.zero for w in self.temps) or bool(self.prepare_steps) != (self.derived is not None):
+            return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         tensor = sys.modules["torch"].Tensor
         if any(v is not None and (not isinstance(v, tensor) or not v.is_contiguous()) for v in values):
             return None
@@ -165,31 +169,72 @@ class BoundCall:
             return None
         from .runtime.fastlaunch import native_launcher
         module = native_launcher()
-        if module is None or not hasattr(module, "FastCall"):
+        if module is None or not hasattr(module, "memory_released"):
             return None
         outputs = []
         for name, spec, _, like in self.outputs:
             outputs.append((self.alloc_like, like) if like is not None else (_partial(self.alloc, spec), -1))
+        derived_names = [w.name for w in self.derived.workspaces] if self.derived is not None else []
+        scratch_names = [w.name for w in self.temps]
+        n_io = self.input_count + len(outputs)
+        source = {n: n_io + k for k, n in enumerate(derived_names)}
+        source.update({n: n_io + len(derived_names) + k for k, n in enumerate(scratch_names)})
         steps = []
         for (step, slots), native in zip(self.steps, natives):
             _, entry, handle, gx, gy, gz, bx, by, bz, shared = native
             if any(ctypes.sizeof(v) > 8 for v in step.packed.values):
                 return None     # FastCall keeps 8 bytes per argument
-            storage = b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values)
+            storage = bytearray(b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values))
             pointer_slots = []
             for index, where, _ in slots:
                 if isinstance(where, int):
                     pointer_slots.append((index, where))
+                elif where in source:
+                    pointer_slots.append((index, source[where]))
                 else:   # a persistent workspace: a constant of this plan
-                    storage = (storage[:8 * index] + int(self.persistent[where]).to_bytes(8, "little")
-                               + storage[8 * index + 8:])
-            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage, pointer_slots))
+                    storage[8 * index:8 * index + 8] = int(self.persistent[where]).to_bytes(8, "little")
+            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, bytes(storage), pointer_slots))
 
         def fail(index: int, rc: int, stream: int, params: int) -> None:
             fails[index](rc, params, stream)
 
         stream_fn, stream_arg = self.stream_parts
-        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect)
+        extra: list[Any] = [None, (), 0, None, 0]
+        if derived_names:
+            extra[:3] = [self._derive_for_native(derived_names, scratch_names), self.fingerprint_inputs_native,
+                         len(derived_names)]
+        if scratch_names:
+            extra[3:] = [lambda stream: tuple(self.scratch(stream)[n] for n in scratch_names), len(scratch_names)]
+        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
+
+    @property
+    def fingerprint_inputs_native(self) -> tuple[int, ...]:
+        return tuple(-1 if k is None else k for k in self.fingerprint_inputs)
+
+    def _derive_for_native(self, derived_names: list[str], scratch_names: list[str]) -> Callable:
+        """FastCall's question when it does not remember derived data for these inputs on this
+        stream: find it in the plan's DerivedCache, or fill it (the prepare launches, on `stream`)."""
+        def derive(inputs: tuple, ptrs: tuple, stream: int) -> tuple[bool, tuple[int, ...]]:
+            ids = tuple(torch_identity(inputs[k]) if k is not None and inputs[k] is not None else None
+                        for k in self.fingerprint_inputs)
+            sources = [inputs[k] for k in self.fingerprint_inputs if k is not None and inputs[k] is not None]
+            with self.lock:
+                wptrs, fresh = self.derived.get(ids, stream, sources)
+                if fresh:
+                    work = dict(self.persistent)
+                    work.update(wptrs)
+                    if scratch_names:
+                        work.update(self.scratch(stream))
+                    self._launch(self.prepare_steps, list(ptrs), work, stream)
+            return True, tuple(wptrs[n] for n in derived_names)
+        return derive
+
+    def scratch(self, stream: int) -> dict[str, int]:
+        """Per-call workspaces for launches on `stream`: the plan's per-stream copies, the same
+        the pointer runner uses (calls on one stream run in order, so each may reuse them)."""
+        from .engine import _stream_scratch
+        with self.prepared.lock:
+            return _stream_scratch(self.prepared, self.temps, self.backend, stream)
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""

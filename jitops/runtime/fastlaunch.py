@@ -26,7 +26,10 @@ from .hostcc import build_library
 
 log = logging.getLogger("jitops.launch")
 
-_SOURCE = Path(__file__).resolve().parent / "native" / "jitops_launch.c"
+_NATIVE = Path(__file__).resolve().parent / "native"
+# Every file of the module (setup.py lists the same, in this order, for its digest).
+_FILES = ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c")
+_SOURCES = [_NATIVE / f for f in _FILES if f.endswith(".c")]
 _PREBUILT = "jitops.runtime.jitops_launch"
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -46,8 +49,19 @@ def native_launcher() -> ModuleType | None:
     return _module
 
 
+def memory_released() -> None:
+    """Memory a FastCall may remember (derived data, per-stream scratch) was freed: every FastCall
+    forgets what it remembered (the next call asks Python again)."""
+    if _module is not None and hasattr(_module, "memory_released"):
+        _module.memory_released()
+
+
 def source_digest() -> str:
-    return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+    """What the module's files hash to; a prebuilt module carries the digest it was built from."""
+    h = hashlib.sha256()
+    for f in _FILES:
+        h.update((_NATIVE / f).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _prebuilt() -> ModuleType | None:
@@ -72,7 +86,8 @@ def _compiled() -> ModuleType | None:
         if not (Path(include) / "Python.h").is_file():
             raise BackendUnavailable(f"Python development headers missing (no Python.h in {include})")
         suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-        path = build_library("jitops_launch", [_SOURCE], ["-O2", "-shared", "-fPIC", f"-I{include}"],
+        path = build_library("jitops_launch", _SOURCES,
+                             ["-O2", "-shared", "-fPIC", f"-I{include}", f'-DJITOPS_LAUNCH_DIGEST="{source_digest()}"'],
                              cxx=False, suffix=suffix)
         loader = importlib.machinery.ExtensionFileLoader("jitops_launch", str(path))
         spec = importlib.util.spec_from_file_location("jitops_launch", str(path), loader=loader)
