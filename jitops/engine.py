@@ -22,7 +22,6 @@ from .device import DeviceInfo
 from .errors import ArgumentError
 from .derived import DerivedCache
 from .fastcall import BoundCall, NoFastPath, signature, torch_identity
-from .runtime.fastlaunch import memory_released
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, frozen_items
 from .records import store as record_store
@@ -159,7 +158,6 @@ def clear_prepared() -> None:
         for d in _cache.dispatch.values():
             d.clear()
         _cache.dispatch.clear()
-        memory_released()     # a FastCall held elsewhere must not use what was freed here
         _cache.generation += 1
 
 
@@ -485,7 +483,6 @@ def _stream_scratch(p: Prepared, workspaces: list[Any], backend: Backend, stream
         backend.synchronize()
         for ptr in old.values():
             backend.free(ptr)
-        memory_released()     # FastCalls remember per-stream scratch
     found = {ws.name: backend.alloc(ws.nbytes) for ws in workspaces}
     p.stream_scratch[stream] = found
     p.backend = p.backend or backend

@@ -11,11 +11,15 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from .ops.base import TensorSpec
+from .runtime.fastlaunch import memory_released
+
+_STREAMS_KEPT = 4     # streams whose per-call scratch a bound call keeps
 
 
 def torch_identity(t: Any) -> Hashable:
@@ -52,8 +56,8 @@ class BoundCall:
     def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any,
                  values: Sequence[Any] = ()) -> None:
         self.backend = backend
-        self.prepared = prepared
         self.lock = threading.Lock()
+        self._scratch: OrderedDict[int, tuple[dict[str, int], list]] = OrderedDict()   # stream -> per-call scratch
         torch = sys.modules.get("torch")
         self.is_torch = torch is not None and isinstance(first, torch.Tensor)
         if self.is_torch:
@@ -204,8 +208,15 @@ class BoundCall:
             extra[:3] = [self._derive_for_native(derived_names, scratch_names), self.fingerprint_inputs_native,
                          len(derived_names)]
         if scratch_names:
-            extra[3:] = [lambda stream: tuple(self.scratch(stream)[n] for n in scratch_names), len(scratch_names)]
+            extra[3:] = [self._scratch_for_native(scratch_names), len(scratch_names)]
         return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
+
+    def _scratch_for_native(self, names: list[str]) -> Callable[[int], tuple[int, ...]]:
+        def scratch(stream: int) -> tuple[int, ...]:
+            with self.lock:
+                found = self.scratch(stream)
+            return tuple(found[n] for n in names)
+        return scratch
 
     @property
     def fingerprint_inputs_native(self) -> tuple[int, ...]:
@@ -230,11 +241,22 @@ class BoundCall:
         return derive
 
     def scratch(self, stream: int) -> dict[str, int]:
-        """Per-call workspaces for launches on `stream`: the plan's per-stream copies, the same
-        the pointer runner uses (calls on one stream run in order, so each may reuse them)."""
-        from .engine import _stream_scratch
-        with self.prepared.lock:
-            return _stream_scratch(self.prepared, self.temps, self.backend, stream)
+        """Per-call workspaces for launches on `stream`, kept per stream (calls on one stream run in
+        order, so each may reuse what the last one used). Allocated through the framework's
+        allocator, as outputs are: inside a CUDA-graph capture they come from the graph's pool,
+        where a device allocation would break the capture. The least recently used stream's copy
+        is dropped beyond a few (the allocator frees it in stream order: no synchronize)."""
+        found = self._scratch.get(stream)
+        if found is not None:
+            self._scratch.move_to_end(stream)
+            return found[0]
+        if len(self._scratch) >= _STREAMS_KEPT:
+            self._scratch.popitem(last=False)
+            memory_released()
+        keep = [self.alloc(TensorSpec((w.nbytes,), "uint8")) for w in self.temps]
+        ptrs = {w.name: self.pointer(t) for w, t in zip(self.temps, keep)}
+        self._scratch[stream] = (ptrs, keep)
+        return ptrs
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""

@@ -241,3 +241,21 @@ def test_freed_derived_memory_is_never_used(probe):
     before = launches(probe)
     native(tuple(args))
     assert launches(probe) - before == main + prep       # refilled, not the freed entry
+
+
+def test_dispatch_finds_any_of_many_signatures(probe, monkeypatch):
+    """Found by hash, not among the newest few: 40 shapes bound, every one repeats natively."""
+    xs = [torch.randn(64 + k) for k in range(40)]
+    for x in xs:
+        jitops.leaky_relu(x, 0.1)
+    assert len(engine._cache.dispatch["leaky_relu"]) == 40
+    monkeypatch.setattr(engine, "run", lambda *a, **k: pytest.fail("general path taken"))
+    for x in reversed(xs):
+        y = jitops.leaky_relu(x, 0.1)
+        assert last_launch(probe, 2)[3] == [x.data_ptr(), y.data_ptr()]
+    monkeypatch.undo()
+    seen = []
+    real = engine._run_general
+    monkeypatch.setattr(engine, "_run_general", lambda *a, **k: seen.append(1) or real(*a, **k))
+    jitops.leaky_relu(xs[0], 0.2)                        # another attribute: a miss, the general path
+    assert seen == [1]
