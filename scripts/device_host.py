@@ -279,7 +279,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "jitops": jitops.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.version.split()[0],
-        "native_launcher": fastlaunch.origin or "unavailable",
+        "native_launcher": fastlaunch.origin or "unavailable", "jitops_file": jitops.__file__,
         "note": "eager_us: host wall time per call, 2000 back-to-back calls + one synchronize, best of 5; "
                 "sync_latency_us: one call + synchronize, median of 500, jitops and torch taking turns; "
                 "graph_replay_us: 20 calls captured in one graph, median replay / 20",
