@@ -73,10 +73,10 @@ int jt_all_contiguous(PyObject* inputs) {
 
 #define MIX(h, v) ((h) = ((h) ^ (Py_uhash_t)(v)) * (Py_uhash_t)1000003)
 
-/* The hash of (backend, attrs, signatures) that Dispatch files a bound call under; -1: error
+/* The hash of (backend, attrs, dtypes and shapes) that Dispatch files a bound call under; -1: error
  * (an unhashable attribute: the caller treats it as no match). */
 static Py_hash_t sig_hash(PyObject* backend, PyObject* attrs, PyObject* const* shapes, PyObject* const* dtypes,
-                          PyObject* const* devices, Py_ssize_t n) {
+                          Py_ssize_t n) {
   Py_uhash_t h = (Py_uhash_t)0x9e3779b97f4a7c15ULL;
   Py_hash_t x;
   Py_ssize_t i;
@@ -90,23 +90,20 @@ static Py_hash_t sig_hash(PyObject* backend, PyObject* attrs, PyObject* const* s
     }
     MIX(h, (uintptr_t)dtypes[i] >> 4);
     if ((x = PyObject_Hash(shapes[i])) == -1) return -1;
-    MIX(h, x);
-    if ((x = PyObject_Hash(devices[i])) == -1) return -1;
-    MIX(h, x);
+    MIX(h, x); /* devices are compared, not hashed: one program rarely has many, and hashing costs */
   }
   x = (Py_hash_t)h;
   return x == -1 ? -2 : x;
 }
 
 static Py_hash_t sig_hash_read(PyObject* backend, PyObject* attrs, const jt_sig* sig, Py_ssize_t n) {
-  PyObject *shapes[FC_MAX_PTRS], *dtypes[FC_MAX_PTRS], *devices[FC_MAX_PTRS];
+  PyObject *shapes[FC_MAX_PTRS], *dtypes[FC_MAX_PTRS];
   Py_ssize_t i;
   for (i = 0; i < n; i++) {
     shapes[i] = sig[i].shape;
     dtypes[i] = sig[i].dtype;
-    devices[i] = sig[i].device;
   }
-  return sig_hash(backend, attrs, shapes, dtypes, devices, n);
+  return sig_hash(backend, attrs, shapes, dtypes, n);
 }
 
 /* ---------------------------------------------------------------- Dispatch
@@ -188,7 +185,7 @@ static int dispatch_grow(Dispatch* self) {
  * than the one this table's entries expect, or an unhashable attribute) */
 static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   PyObject *backend, *attrs, *call, *expect, *entry;
-  PyObject *shapes[FC_MAX_PTRS], *dtypes[FC_MAX_PTRS], *devices[FC_MAX_PTRS];
+  PyObject *shapes[FC_MAX_PTRS], *dtypes[FC_MAX_PTRS];
   PyTypeObject* type = NULL;
   Py_ssize_t i, n;
   Py_hash_t hash;
@@ -197,16 +194,15 @@ static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   n = PyTuple_GET_SIZE(expect);
   for (i = 0; i < n; i++) {
     PyObject* e = PyTuple_GET_ITEM(expect, i);
-    dtypes[i] = shapes[i] = devices[i] = NULL;
+    dtypes[i] = shapes[i] = NULL;
     if (e == Py_None) continue;
     if (type != NULL && type != (PyTypeObject*)PyTuple_GET_ITEM(e, 0)) Py_RETURN_FALSE;
     type = (PyTypeObject*)PyTuple_GET_ITEM(e, 0);
     shapes[i] = PyTuple_GET_ITEM(e, 1);
     dtypes[i] = PyTuple_GET_ITEM(e, 2);
-    devices[i] = PyTuple_GET_ITEM(e, 3);
   }
   if (type == NULL || (self->base != NULL && self->base != type)) Py_RETURN_FALSE;
-  hash = sig_hash(backend, attrs, shapes, dtypes, devices, n);
+  hash = sig_hash(backend, attrs, shapes, dtypes, n);
   if (hash == -1) {
     PyErr_Clear();
     Py_RETURN_FALSE;
