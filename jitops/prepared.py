@@ -41,12 +41,21 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
         raise ArgumentError("schedule", "a jitops Schedule or an algorithm name", type(forced).__name__, op=op.NAME)
     found = record_store().lookup(device, op.NAME, problem.key())
     if found is not None:
-        try:   # a record from another jitops version may name parameters the op no longer takes
-            op.plan(problem, found[0], device)
+        failure = plan_failure(op, problem, found[0], device)
+        if failure is None:
             return found
-        except Exception as exc:
-            log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), exc)
+        log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), failure)
     return op.heuristic(problem, device), "heuristic"
+
+
+def plan_failure(op: ModuleType, problem: Any, schedule: Schedule, device: DeviceInfo) -> str | None:
+    """Why a recorded schedule no longer plans for this problem (a record from another jitops
+    version may name parameters the op no longer takes), or None when it does."""
+    try:
+        op.plan(problem, schedule, device)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 # ---------------------------------------------------------------- prepared plans
