@@ -1,4 +1,4 @@
-"""Tune the benchmark problems (../shared/BENCHMARKS.md) and write schedules/<arch>.json.
+"""Tune the benchmark problems (the bench modules' own lists) and write schedules/<arch>.json.
 
     python -m jitops.tuning.shipped --export schedules/sm_90.json            # on the GPU
     python -m jitops.tuning.shipped --ops leaky_relu,conv2d --budget 300
