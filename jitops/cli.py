@@ -51,6 +51,9 @@ def cmd_info(args: argparse.Namespace) -> int:
               f"cannot be used: {status['reason']})")
     print(f"binaries     {info['entries']} entries, {_fmt_bytes(info['bytes'])}"
           + ("" if info["usable"] else " (cache unusable)"))
+    from .runtime import fastlaunch
+    launcher = fastlaunch.native_launcher()
+    print(f"launcher     {'unavailable (Python repeat path)' if launcher is None else fastlaunch.origin}")
     return 0
 
 

@@ -87,7 +87,7 @@ def test_wheel_carries_its_native_parts(tmp_path):
     py, site = _build_and_install(tmp_path, "full", dict(os.environ))
     run = _check(py, site, tmp_path)
     launcher = _line(run.stdout, "LAUNCHER")
-    assert launcher.startswith("LAUNCHER wheel ") and str(site / "jitops" / "runtime") in launcher, launcher
+    assert launcher.startswith("LAUNCHER prebuilt ") and str(site / "jitops" / "runtime") in launcher, launcher
     ort = _line(run.stdout, "ORTLIB")
     assert str(site / "jitops" / "onnx" / "libjitops_ort-") in ort, ort
     assert "JitopsWarning" not in run.stderr, run.stderr

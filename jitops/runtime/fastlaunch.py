@@ -34,7 +34,7 @@ _PREBUILT = "jitops.runtime.jitops_launch"
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed = False
-origin: str = ""        # where the loaded launcher came from: "wheel" or the built file's path
+origin: str = ""        # where the loaded launcher came from: "prebuilt" (built with the package) or a path
 
 
 def native_launcher() -> ModuleType | None:
@@ -74,7 +74,7 @@ def _prebuilt() -> ModuleType | None:
     if getattr(module, "source_digest", None) != source_digest():
         log.debug("%s was built from other sources; not used", module.__file__)
         return None
-    origin = "wheel"
+    origin = "prebuilt"
     return module
 
 
