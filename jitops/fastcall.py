@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
@@ -211,10 +212,15 @@ class BoundCall:
             extra[3:] = [self._scratch_for_native(scratch_names), len(scratch_names)]
         return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
 
+    # FastCall's callbacks hold the bound call weakly: FastCall takes no part in garbage collection,
+    # so a strong reference back (bound call -> FastCall -> callback -> bound call) would never be freed.
     def _scratch_for_native(self, names: list[str]) -> Callable[[int], tuple[int, ...]]:
+        ref = weakref.ref(self)
+
         def scratch(stream: int) -> tuple[int, ...]:
-            with self.lock:
-                found = self.scratch(stream)
+            bound = _alive(ref)
+            with bound.lock:
+                found = bound.scratch(stream)
             return tuple(found[n] for n in names)
         return scratch
 
@@ -225,18 +231,21 @@ class BoundCall:
     def _derive_for_native(self, derived_names: list[str], scratch_names: list[str]) -> Callable:
         """FastCall's question when it does not remember derived data for these inputs on this
         stream: find it in the plan's DerivedCache, or fill it (the prepare launches, on `stream`)."""
+        ref = weakref.ref(self)
+
         def derive(inputs: tuple, ptrs: tuple, stream: int) -> tuple[bool, tuple[int, ...]]:
+            bound = _alive(ref)
             ids = tuple(torch_identity(inputs[k]) if k is not None and inputs[k] is not None else None
-                        for k in self.fingerprint_inputs)
-            sources = [inputs[k] for k in self.fingerprint_inputs if k is not None and inputs[k] is not None]
-            with self.lock:
-                wptrs, fresh = self.derived.get(ids, stream, sources)
+                        for k in bound.fingerprint_inputs)
+            sources = [inputs[k] for k in bound.fingerprint_inputs if k is not None and inputs[k] is not None]
+            with bound.lock:
+                wptrs, fresh = bound.derived.get(ids, stream, sources)
                 if fresh:
-                    work = dict(self.persistent)
+                    work = dict(bound.persistent)
                     work.update(wptrs)
                     if scratch_names:
-                        work.update(self.scratch(stream))
-                    self._launch(self.prepare_steps, list(ptrs), work, stream)
+                        work.update(bound.scratch(stream))
+                    bound._launch(bound.prepare_steps, list(ptrs), work, stream)
             return True, tuple(wptrs[n] for n in derived_names)
         return derive
 
@@ -341,6 +350,13 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable
         return (np.ndarray, tuple(spec.shape), np.dtype(spec.dtype).num, True)
 
     return alloc_np, expected_np, np.empty_like, (_no_stream, None)
+
+
+def _alive(ref: weakref.ref) -> "BoundCall":
+    bound = ref()
+    if bound is None:
+        raise NoFastPath("this repeat call's plan was released")
+    return bound
 
 
 def _no_stream() -> int:

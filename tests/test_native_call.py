@@ -259,3 +259,18 @@ def test_dispatch_finds_any_of_many_signatures(probe, monkeypatch):
     monkeypatch.setattr(engine, "_run_general", lambda *a, **k: seen.append(1) or real(*a, **k))
     jitops.leaky_relu(xs[0], 0.2)                        # another attribute: a miss, the general path
     assert seen == [1]
+
+
+def test_released_bound_calls_are_freed(probe):
+    """A bound call with derived data and scratch is freed once the engine drops it (its FastCall's
+    callbacks must not keep it alive: FastCall takes no part in garbage collection)."""
+    import gc
+    import weakref
+    args, kwargs = CASES["conv2d-winograd"](lambda *shape: torch.randn(*shape))
+    jitops.conv2d(*args, **kwargs)
+    jitops.conv2d(*args, **kwargs)
+    bound = weakref.ref(bound_for("conv2d", probe))
+    assert bound().native is not None and bound()._scratch
+    engine.clear_prepared()
+    gc.collect()
+    assert bound() is None
