@@ -38,8 +38,9 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
     """A copy of `model` with every node group jitops supports replaced by one node in domain `jitops`.
 
     model: ModelProto, path or bytes. ops: restrict to these jitops ops (or ONNX op types).
-    input_shapes: graph input name -> shape, for dynamic dimensions (nodes whose shapes stay unknown
-    are left as they are). fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
+    input_shapes: graph input name -> shape, for dynamic dimensions. Without them a node whose sizes
+    are symbolic is still taken when its rank, dtype and kernel-family sizes are known; its ONNX
+    Runtime kernel plans per actual shape at run time. fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
     BatchNormalization + activation, MatMul/Softmax/MatMul attention. fallback: add the ONNX function
     bodies that let the model run without jitops (default on).
     The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse)`.
@@ -73,7 +74,8 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
     if problems:
         _declare_domain(out, sorted({p.op_type for p in problems}), fallback)
     out.metadata_props.add(key=METADATA_KEY, value=json.dumps(
-        {"jitops": __version__, "replaced": [{"nodes": list(p.nodes), "as": p.op_type, "key": p.key}
+        {"jitops": __version__, "replaced": [{"nodes": list(p.nodes), "as": p.op_type, "key": p.key,
+                                              **({"symbolic": True} if p.problem is None else {})}
                                              for p in problems]}))
     log.info("rewrite: %d node groups -> jitops (%s)", len(problems),
              ", ".join(sorted({p.op_type for p in problems})) or "none")
