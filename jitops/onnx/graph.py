@@ -188,7 +188,7 @@ class GraphView:
         if v is None:
             from .evaluate import Evaluator
             v = Evaluator(self).value(name)
-        if v is None or v.size != 1 or not np.isfinite(np.asarray(v, dtype=np.float64)).all():
+        if v is None or v.size != 1 or np.isnan(np.asarray(v, dtype=np.float64)).any():   # NaN: an unknown dim
             return None
         return float(np.asarray(v).reshape(-1)[0])
 

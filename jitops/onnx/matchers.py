@@ -389,7 +389,18 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     def step(n: Any) -> bool:
         return n is not None and _same_domain(n) and view.only_consumer(value) is not None
 
-    if step(prod) and prod.op_type == "Add":
+    extra_mask: list[Any] = []
+    mask_consts: dict[str, np.ndarray] = {}
+    mask_values: dict[str, tuple] = {}
+    if step(prod) and prod.op_type == "Where":
+        # masked_fill(cond, -inf) as torch exports it: the same as adding Where(cond, fill, 0).
+        found_where = _where_as_additive_mask(view, prod, namer)
+        if found_where is None:
+            return
+        mask, value, extra_mask, mask_consts, mask_values = found_where
+        covered.append(prod)
+        prod = view.producer.get(value)
+    elif step(prod) and prod.op_type == "Add":
         for i in (0, 1):
             src = view.producer.get(prod.input[i])
             if _leads_to_matmul(view, prod.input[i]):
@@ -430,8 +441,33 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     attrs = {"scale": float(scale * k_scale), "is_causal": 0}
     op_type = "MaskedAttention" if mask else "Attention"
     inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
-    yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], extra_nodes=extra, values=values)
+    yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=mask_consts,
+                    extra_nodes=extra_mask + extra, values={**values, **mask_values})
 
+
+def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:
+    """Where(cond, fill, scores) or Where(cond, scores, fill) with a constant scalar fill:
+    (mask name, scores value, inserted nodes, new constants, new value types), or None."""
+    from onnx import helper
+    cond, a, b = where.input
+    for fill, scores, fill_first in ((a, b, True), (b, a, False)):
+        f = view.scalar(fill)
+        if f is None or not _leads_to_matmul(view, scores):
+            continue
+        dtype = view.dtype(scores)
+        if dtype not in ("float32", "float16"):
+            return None
+        zero, fill_c, mask = namer(where.output[0], "zero"), namer(where.output[0], "fill"), \
+            namer(where.output[0], "mask")
+        consts = {zero: np.zeros((), dtype=dtype), fill_c: np.array(f, dtype=dtype)}
+        branches = [fill_c, zero] if fill_first else [zero, fill_c]
+        node = helper.make_node("Where", [cond, *branches], [mask], name=namer(where.output[0], "mask_where"))
+        shape = view.shape(cond)
+        return mask, scores, [node], consts, {mask: (shape, dtype)} if shape is not None else {}
+    return None
+
+
+from .patterns import match_decomposed_group_norm, match_decomposed_layer_norm, match_decomposed_rms_norm  # noqa: E402
 
 MATCHERS: dict[str, Matcher] = {
     "Conv": match_conv,
@@ -442,9 +478,15 @@ MATCHERS: dict[str, Matcher] = {
     "LeakyRelu": match_leaky_relu,
     "Attention": match_attention_op,
     "Softmax": match_softmax_attention,
+    # as exporters write them in standard ops (patterns.py)
+    "ReduceMean": match_decomposed_layer_norm,
+    "Pow": match_decomposed_rms_norm,
+    "Mul": match_decomposed_rms_norm,
+    "InstanceNormalization": match_decomposed_group_norm,
 }
 
 # ONNX op type -> the jitops op that runs it (for the `ops=` filter).
 ONNX_TO_OP = {"Conv": "conv2d", "BatchNormalization": "batch_norm", "GroupNormalization": "group_norm",
               "LayerNormalization": "layer_norm", "RMSNormalization": "rms_norm", "LeakyRelu": "leaky_relu",
-              "Attention": "attention", "Softmax": "attention"}
+              "Attention": "attention", "Softmax": "attention", "ReduceMean": "layer_norm", "Pow": "rms_norm",
+              "Mul": "rms_norm", "InstanceNormalization": "group_norm"}
