@@ -153,12 +153,15 @@ def _leaky_relu(t: OpType, opset: int) -> list[Any]:
     return [_node("LeakyRelu", ["X"], ["Y"], (_ref("alpha", "float"),))]
 
 
-def _attention(t: OpType, opset: int) -> list[Any]:
+def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     masked = "mask" in t.inputs
     refs = (_ref("scale", "float"), _ref("is_causal", "int"))
-    if opset >= 23:
+    if opset >= 23 and attention_op:
+        # ONNX Attention where the nodes replaced Attention-23 nodes (4-D; is_causal, default scale);
+        # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.
         return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
-    # Before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten: scale is explicit, no causal.
+    # Otherwise (before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten): explicit scale,
+    # no causal.
     nodes = [_node("Einsum", ["Q", "K"], ["qk"], equation="...qd,...kd->...qk"),
              _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
     if opset >= 15:
@@ -181,12 +184,14 @@ _BODIES: dict[str, Callable[[OpType, int], list[Any]]] = {
     "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
 
 
-def function_for(type_name: str, opset: int) -> Any:
-    """The FunctionProto (domain jitops) implementing node type `type_name` at default-domain `opset`."""
+def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
+    """The FunctionProto (domain jitops) implementing node type `type_name` at default-domain `opset`
+    (`attention_op`: the attention nodes of this type replaced ONNX Attention-23 nodes)."""
     from onnx import helper
     t = OP_TYPES[type_name]
     inputs = _FORMAL_INPUTS.get(t.op) or ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else [])
-    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], _BODIES[t.op](t, opset),
+    body = _attention(t, opset, attention_op) if t.op == "attention" else _BODIES[t.op](t, opset)
+    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], body,
                                 [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],
                                 doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
                                            f"where the jitops custom ops are not registered")
