@@ -245,3 +245,27 @@ def test_staged_cpu_provider_warns_once_with_the_install_hint(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jo.session(small_model(), providers=["CPUExecutionProvider"], backend="cpu")     # emulator: no copies
+
+
+@pytest.mark.parametrize("op,op_name,consts", [("LeakyRelu", "leaky_relu", {}),
+                                               ("LayerNormalization", "layer_norm", {"s": np.ones(8, np.float32)})])
+def test_bfloat16_nodes_are_taken_exactly_when_the_op_accepts_bfloat16(op, op_name, consts):
+    from jitops.errors import JitopsError
+    from jitops.ops import get_op
+    from jitops.ops.base import TensorSpec
+    from jitops.onnx.testing import single_op_model
+    model = single_op_model(op, {"x": ("N", 8)}, consts, opset=17, dtype="bfloat16", output_shape=("N", 8))
+    [p] = jo.map_nodes(model)
+    specs = {"x": TensorSpec((4, 8), "bfloat16")}
+    if consts:
+        specs["gamma"] = TensorSpec((8,), "bfloat16")
+    try:
+        get_op(op_name).make_problem(specs, {"normalized_shape": (8,)} if consts else {"alpha": 0.01})
+        accepted = True
+    except JitopsError:
+        accepted = False
+    assert p.supported == accepted, p.describe()
+    if not accepted:
+        assert "bfloat16" in p.reason
+    else:
+        assert p.inputs["x"].dtype == "bfloat16" and all(v.dtype.name == "bfloat16" for v in p.constants.values())

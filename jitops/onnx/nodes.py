@@ -205,14 +205,21 @@ def _unify_dtypes(view: GraphView, cand: Candidate, names: Sequence[str], specs:
         value = cand.constants.get(vname)
         if value is None:
             value = view.constant(vname)
-        if value is None or first.dtype not in ("float32", "float16"):
+        if value is None or first.dtype not in ("float32", "float16", "bfloat16"):
             return (f"input '{jname}' is {spec.dtype} while '{names[0]}' is {first.dtype} "
                     f"(mixed dtypes are taken only for constant parameters)")
         new = namer(vname, first.dtype)
-        cand.constants[new] = np.asarray(value).astype(first.dtype)
+        cand.constants[new] = np.asarray(value).astype(_numpy_dtype(first.dtype))
         cand.inputs[i] = new
         specs[jname] = TensorSpec(spec.shape, first.dtype)
     return ""
+
+
+def _numpy_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
 
 
 def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
