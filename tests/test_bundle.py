@@ -220,7 +220,8 @@ def test_bundle_of_several_batch_sizes_serves_each_with_zero_compiles(tmp_path):
         errors = []
         for n in (1, 4):
             x = np.random.default_rng(n).standard_normal((n, 24)).astype(np.float32)
-            errors.append(max_rel_error(sess.run(None, {{"x": x}})[0], run_native(onnx.load({str(path)!r}), {{"x": x}})[0]))
+            ref = run_native(onnx.load({str(path)!r}), {{"x": x}})[0]
+            errors.append(max_rel_error(sess.run(None, {{"x": x}})[0], ref))
         print(json.dumps({{"errors": errors, "compiles": loader().stats.compiles, "hits": loader().stats.bundle_hits}}))
     """
     res = _run_fresh(tmp_path, script)

@@ -88,7 +88,9 @@ def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(cor
         assert got.shape == ref.shape and max_rel_error(got, ref) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt", "groupnorm", "mobilenet", "convnext", "vit"])
+# Every jitops type the corpus takes, on the emulator (MobileNet and ConvNeXt add only conv shapes: their
+# rewrite is checked above, their kernels would add emulator compiles to CI).
+@pytest.mark.parametrize("name", ["bert", "gpt", "groupnorm", "vit"])
 def test_jitops_kernels_run_the_symbolic_model_at_two_batch_sizes(corpus, name):
     model = _export(corpus, name, 17)
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")

@@ -40,7 +40,8 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
     model: ModelProto, path or bytes. ops: restrict to these jitops ops (or ONNX op types).
     input_shapes: graph input name -> shape, for dynamic dimensions. Without them a node whose sizes
     are symbolic is still taken when its rank, dtype and kernel-family sizes are known; its ONNX
-    Runtime kernel plans per actual shape at run time. fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
+    Runtime kernel plans per actual shape at run time.
+    fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
     BatchNormalization + activation, MatMul/Softmax/MatMul attention. fallback: add the ONNX function
     bodies that let the model run without jitops (default on).
     The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse)`.
