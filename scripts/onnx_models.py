@@ -1,6 +1,6 @@
 """Real exported models through jitops.onnx: what is taken with a symbolic batch, what is not and why.
 
-    python3 scripts/onnx_models.py [--opset 17 --opset 14] [--json out.json] [--models resnet50,vit_b_16,...]
+    python3 scripts/onnx_models.py [--opset 17 --opset 14] [--dynamo] [--json out.json] [--models resnet50,...]
 
 Exports torchvision ResNet-50, MobileNet-V3 (large), ConvNeXt-T and ViT-B/16 (random weights; needs
 torchvision) and a BERT-base-style encoder (jitops/onnx/corpus.py at width 768, 12 heads, 12 layers)
@@ -26,7 +26,7 @@ WATCHED = {"Conv", "BatchNormalization", "GroupNormalization", "LayerNormalizati
 TORCHVISION = ("resnet50", "mobilenet_v3_large", "convnext_tiny", "vit_b_16")
 
 
-def export(name: str, opset: int) -> tuple[bytes, dict[str, np.ndarray]]:
+def export(name: str, opset: int, dynamo: bool = False) -> tuple[bytes, dict[str, np.ndarray]]:
     import torch
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -62,6 +62,12 @@ def export(name: str, opset: int) -> tuple[bytes, dict[str, np.ndarray]]:
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if dynamo:      # torch.export's exporter (torch's default since 2.9; needs onnxscript), its own opset
+            dims = {n: torch.export.Dim(n, min=1 if n == "batch" else 2, max=512) for a in axes.values()
+                    for n in a.values()}
+            program = torch.onnx.export(model, example, dynamo=True, input_names=names, dynamic_shapes=tuple(
+                {i: dims[n] for i, n in axes[k].items()} for k in names))
+            return program.model_proto.SerializeToString(), feeds
         torch.onnx.export(model, example, buf, input_names=names, output_names=["y"], dynamic_axes=axes,
                           opset_version=opset, dynamo=False)
     return buf.getvalue(), feeds
@@ -91,14 +97,15 @@ def account(model, groups) -> dict:
     return out
 
 
-def run_one(name: str, opset: int) -> dict:
+def run_one(name: str, opset: int, dynamo: bool = False) -> dict:
     import onnx
 
     import jitops.onnx as jo
     from jitops.onnx.testing import max_rel_error, ort_session
     t0 = time.perf_counter()
-    data, feeds = export(name, opset)
+    data, feeds = export(name, opset, dynamo)
     model = onnx.load_from_string(data)
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
     t1 = time.perf_counter()
     groups = jo.map_nodes(model)
     t2 = time.perf_counter()
@@ -112,7 +119,7 @@ def run_one(name: str, opset: int) -> dict:
         if p.supported:
             types[p.op_type] = types.get(p.op_type, 0) + 1
     acc = account(model, groups)
-    return {"model": name, "opset": opset, "export_s": round(t1 - t0, 2), "map_s": round(t2 - t1, 3),
+    return {"model": name, "exporter": "dynamo" if dynamo else "torchscript", "opset": opset, "export_s": round(t1 - t0, 2), "map_s": round(t2 - t1, 3),
             "rewrite_s": round(t3 - t2, 3), "groups_taken": sum(types.values()), "jitops_types": types,
             "onnx_nodes_taken": acc["taken"], "left_with_reason": {r: len(v) for r, v in acc["reasons"].items()},
             "missed": acc["missed"], "fallback_rel_error_batch2": max_rel_error(got, ref)}
@@ -123,12 +130,13 @@ def main() -> int:
     ap.add_argument("--opset", type=int, action="append")
     ap.add_argument("--models", default=",".join((*TORCHVISION, "bert_base")))
     ap.add_argument("--json")
+    ap.add_argument("--dynamo", action="store_true", help="torch.export's exporter instead (needs onnxscript)")
     args = ap.parse_args()
     results, crashes = [], 0
     for opset in args.opset or [17]:
         for name in args.models.split(","):
             try:
-                r = run_one(name, opset)
+                r = run_one(name, opset, args.dynamo)
             except ImportError as exc:
                 r = {"model": name, "opset": opset, "skipped": str(exc)}
             except Exception as exc:  # counted: the target is zero

@@ -45,12 +45,16 @@ def corpus():
 _exported: dict = {}
 
 
-def _export(corpus, name: str, opset: int, dtype: str = "float32"):
+def _export(corpus, name: str, opset: int | str, dtype: str = "float32"):
+    """opset: an int (TorchScript exporter) or "dynamo" (torch.export's exporter; needs onnxscript)."""
     key = (name, opset, dtype)
     if key not in _exported:
+        if opset == "dynamo":
+            pytest.importorskip("onnxscript")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _exported[key] = onnx.load_from_string(corpus.export(name, opset, dtype=dtype))
+            data = corpus.export(name, 17 if opset == "dynamo" else opset, dtype=dtype, dynamo=opset == "dynamo")
+            _exported[key] = onnx.load_from_string(data)
     return _exported[key]
 
 
@@ -69,7 +73,7 @@ def _feeds(corpus, name: str, batch: int, seq: int | None = None) -> dict[str, n
     return corpus.example_inputs(name, seed=batch, **sizes)
 
 
-@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("opset", [14, 17, "dynamo"])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(corpus, name, opset):
     model = _export(corpus, name, opset)

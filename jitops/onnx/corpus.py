@@ -195,22 +195,28 @@ def example_inputs(name: str, seed: int = 0, **sizes: int) -> dict[str, np.ndarr
     return feeds
 
 
-def export(name: str, opset: int = 17, seed: int = 0, dtype: str = "float32", module: Any = None,
-           inputs: dict[str, tuple[int, ...]] | None = None) -> bytes:
-    """The serialized ONNX model of MODELS[name] (or `module`), batch (and sequence) dims symbolic."""
+def export(name: str, opset: int = 17, seed: int = 0, dtype: str = "float32", dynamo: bool = False) -> bytes:
+    """The serialized ONNX model of MODELS[name], batch (and sequence) dims symbolic.
+
+    dynamo=False: the TorchScript exporter with dynamic_axes (what most exported models in use
+    were made with); True: torch.export's exporter (torch's default since 2.9; needs onnxscript),
+    at its own opset (`opset` then ignored)."""
     import torch
     build, shapes, axes = MODELS[name]
     torch.manual_seed(seed)
-    m = (module if module is not None else build()).eval()
-    shapes = inputs or shapes
-    example = {k: torch.from_numpy(v) for k, v in example_inputs(name, seed).items()} if inputs is None else \
-        {k: torch.randn(*s) for k, s in shapes.items()}
+    m = build().eval()
+    example = {k: torch.from_numpy(v) for k, v in example_inputs(name, seed).items()}
     if dtype == "float16":
         m = m.half()
         example = {k: v.half() for k, v in example.items()}
+    args = tuple(example[k] for k in shapes)
+    if dynamo:
+        dims = {n: torch.export.Dim(n, min=1 if n == "batch" else 2, max=64) for a in axes.values() for n in a.values()}
+        program = torch.onnx.export(m, args, dynamo=True, input_names=list(shapes),
+                                    dynamic_shapes=tuple({i: dims[n] for i, n in axes[k].items()} for k in shapes))
+        return program.model_proto.SerializeToString()
     buf = io.BytesIO()
     # Not under no_grad: nn.MultiheadAttention would take its fused fast path, which has no ONNX export.
-    torch.onnx.export(m, tuple(example[k] for k in shapes), buf, input_names=list(shapes),
-                      output_names=["y"], dynamic_axes={**axes, "y": {0: "batch"}}, opset_version=opset,
-                      dynamo=False)
+    torch.onnx.export(m, args, buf, input_names=list(shapes), output_names=["y"],
+                      dynamic_axes={**axes, "y": {0: "batch"}}, opset_version=opset, dynamo=False)
     return buf.getvalue()

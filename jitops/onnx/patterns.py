@@ -209,7 +209,9 @@ def match_decomposed_group_norm(view: GraphView, inorm: Any, fuse: bool, namer: 
     if r2 is None:
         return
     back = view.producer.get(r2.input[1])
-    back_ok = (back is not None and back.op_type == "Shape" and back.input[0] == x and not view.attrs(back)) or (
+    whole = back is not None and back.op_type == "Shape" and int(view.attrs(back).get("start", 0)) == 0 \
+        and "end" not in view.attrs(back)
+    back_ok = (whole and back.input[0] == x) or (
         view.static_shape(x) is not None and (lambda v: v is not None and tuple(v.astype(int)) == view.static_shape(x))(
             Evaluator(view).value(r2.input[1])))
     if not back_ok:
