@@ -69,14 +69,7 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
         _node("Reshape", ["xf", "rows_shape"], ["rows"]),
         *_reduce_mean("rows", "mean", 2, opset),
         _node("Sub", ["rows", "mean"], ["centered"]),
-        _node("Mul", ["centered", "centered"], ["squared"]),
-        *_reduce_mean("squared", "var", 2, opset, "_sq"),
-        _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
-        _node("Add", ["var", "eps"], ["var_eps"]),
-        _node("Sqrt", ["var_eps"], ["std"]),
-        _node("Div", ["centered", "std"], ["normed_rows"]),
-        _node("Shape", ["X"], ["x_shape"]),
-        _node("Reshape", ["normed_rows", "x_shape"], ["normed"]),
+        *_scale_by_std(2, opset),
         _node("Shape", ["x_shape"], ["rank"]),
         _node("Constant", [], ["two"], value_ints=[2]),
         _node("Sub", ["rank", "two"], ["tail_rank"]),
@@ -108,6 +101,18 @@ def _reduce_mean(x: str, y: str, axis: int, opset: int, tag: str = "") -> list[A
             _node("ReduceMean", [x, f"axes{axis}{tag}"], [y], keepdims=1)]
 
 
+def _scale_by_std(axis: int, opset: int) -> list[Any]:
+    """centered / sqrt(mean(centered^2, axis) + epsilon), reshaped back to X's shape: "normed"."""
+    return [_node("Mul", ["centered", "centered"], ["squared"]),
+            *_reduce_mean("squared", "var", axis, opset, "_sq"),
+            _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
+            _node("Add", ["var", "eps"], ["var_eps"]),
+            _node("Sqrt", ["var_eps"], ["std"]),
+            _node("Div", ["centered", "std"], ["normed_rows"]),
+            _node("Shape", ["X"], ["x_shape"]),
+            _node("Reshape", ["normed_rows", "x_shape"], ["normed"])]
+
+
 def _row_norm(opset: int, center: bool, bias: bool) -> list[Any]:
     """LayerNorm / RMSNorm over the axes from `axis` on, spelled out (before LayerNormalization-17 /
     RMSNormalization-23): rows of Flatten(x, axis) in float32, then the scale (and bias) broadcast."""
@@ -119,14 +124,7 @@ def _row_norm(opset: int, center: bool, bias: bool) -> list[Any]:
         nodes += [*_reduce_mean("rows", "mean", 1, opset), _node("Sub", ["rows", "mean"], ["centered"])]
     else:
         nodes += [_node("Identity", ["rows"], ["centered"])]
-    nodes += [_node("Mul", ["centered", "centered"], ["squared"]),
-              *_reduce_mean("squared", "var", 1, opset, "_sq"),
-              _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
-              _node("Add", ["var", "eps"], ["var_eps"]),
-              _node("Sqrt", ["var_eps"], ["std"]),
-              _node("Div", ["centered", "std"], ["normed_rows"]),
-              _node("Shape", ["X"], ["x_shape"]),
-              _node("Reshape", ["normed_rows", "x_shape"], ["normed"]),
+    nodes += [*_scale_by_std(1, opset),
               _node("Cast", ["scale"], ["scale_f"], to=1) if cast else _node("Identity", ["scale"], ["scale_f"]),
               _node("Mul", ["normed", "scale_f"], ["scaled"])]
     if bias:
