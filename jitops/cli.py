@@ -43,9 +43,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         except JitopsError as exc:
             print(f"{name:<12} unavailable: {str(exc).splitlines()[0]}")
     info = loader().disk.info()
-    print(f"cache        {config.cache_dir()}")
+    status = config.cache_status()
+    if status["reason"] is None:
+        print(f"cache        {status['in_use']}")
+    else:
+        print(f"cache        {status['in_use']} (temporary, this process only: {status['configured']} "
+              f"cannot be used: {status['reason']})")
     print(f"binaries     {info['entries']} entries, {_fmt_bytes(info['bytes'])}"
           + ("" if info["usable"] else " (cache unusable)"))
+    from .runtime import fastlaunch
+    launcher = fastlaunch.native_launcher()
+    print(f"launcher     {'unavailable (Python repeat path)' if launcher is None else fastlaunch.origin}")
     return 0
 
 
