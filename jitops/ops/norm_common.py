@@ -27,7 +27,7 @@ import numpy as np
 
 from ..device import DeviceInfo
 from ..errors import ArgumentError, ScheduleError
-from .base import (C_TYPE, FLOAT_DTYPES, INT32_MAX, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec,
+from .base import (C_TYPE, INT32_MAX, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec,
                    Workspace, ceil_div, index_type)
 
 log = logging.getLogger("jitops.ops.norm")
@@ -35,6 +35,7 @@ log = logging.getLogger("jitops.ops.norm")
 ROW_ALGORITHMS = ("warp", "block", "stream", "split", "naive")
 LAYER_STATS = ("two_pass", "welford", "sumsq")
 MAX_THREADS_PER_SM = 2048
+NORM_DTYPES = ("float32", "float16", "bfloat16")   # inputs; statistics and accumulation are fp32
 REG_ROW_BYTES = 32 << 10        # rows up to this size stay in registers, longer ones in shared memory
 
 
@@ -56,14 +57,14 @@ def check_eps(op: str, value: Any) -> float:
 
 
 def param_dtype(op: str, params: Mapping[str, TensorSpec | None], shape: Sequence[int], x: TensorSpec) -> str:
-    """The one dtype of the present parameter tensors: the input's or float32 (fp16 input, fp32
-    weights is the usual mixed-precision setup). Shapes must be exactly `shape`."""
+    """The one dtype of the present parameter tensors: the input's or float32 (fp16 / bf16 input,
+    fp32 weights is the usual mixed-precision setup). Shapes must be exactly `shape`."""
     shape = tuple(int(s) for s in shape)
     dtypes = set()
     for name, spec in params.items():
         if spec is None:
             continue
-        if spec.dtype not in FLOAT_DTYPES:
+        if spec.dtype not in NORM_DTYPES:
             raise ArgumentError(name, f"dtype {x.dtype} or float32", spec.dtype, op=op)
         if spec.dtype not in (x.dtype, "float32"):
             raise ArgumentError(name, f"dtype {x.dtype} (like x) or float32", spec.dtype, op=op)
@@ -78,8 +79,8 @@ def param_dtype(op: str, params: Mapping[str, TensorSpec | None], shape: Sequenc
 
 
 def check_input(op: str, x: TensorSpec, min_rank: int) -> None:
-    if x.dtype not in FLOAT_DTYPES:
-        raise ArgumentError("x", f"dtype in {{{', '.join(FLOAT_DTYPES)}}}", x.dtype, op=op)
+    if x.dtype not in NORM_DTYPES:
+        raise ArgumentError("x", f"dtype in {{{', '.join(NORM_DTYPES)}}}", x.dtype, op=op)
     if len(x.shape) < min_rank:
         raise ArgumentError("x", f"a tensor of rank >= {min_rank}", f"shape {tuple(x.shape)}", op=op)
 
@@ -137,6 +138,7 @@ class RowSpec:
     groups: int = 0           # group norm: parameters per channel, channel = (row % groups) * cpg + i // plane
     cpg: int = 0
     plane: int = 0
+    nhwc: bool = False        # group norm on channels_last storage (the naive kernel's addressing)
 
     @property
     def params(self) -> str:
@@ -377,11 +379,13 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         idx = index_type(spec.numel + block)
         params = {"ctype": C_TYPE[spec.dtype], "ptype": C_TYPE[spec.ptype], "block": block, "kind": spec.kind,
                   "one_pass": spec.params == "channel", "has_gamma": spec.has_gamma, "has_beta": spec.has_beta,
-                  "params": spec.params, "index_type": idx}
+                  "params": spec.params, "index_type": idx, "nhwc": spec.nhwc}
         args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf(out),
                 Scalar("i32" if idx == "int" else "i64", spec.length), Scalar("i32", spec.plane or 1),
                 Scalar("i32", spec.cpg or 1), Scalar("i32", spec.groups or 1), Scalar("f32", spec.eps)]
         return Plan((Launch.make("layer_norm/naive.hip.j2", f"{name}_naive", params, (spec.rows,), (block,), args),))
+    if spec.nhwc:
+        raise ScheduleError(f"{name}: the row kernels read NCHW; channels_last input takes the nhwc or naive kernels")
     vec = int(schedule["vec"])
     stats = _stats_for(spec, alg, schedule.get("stats"))
     lenv = spec.length // max(vec, 1)
@@ -487,8 +491,9 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
 def affine_launch(kernel: str, dtype: str, numel: int, plane: int, nparams: int, device: DeviceInfo, *,
                   vec: int, unroll: int, block: int, per_plane: bool, coef: str, out: str,
                   streaming: bool, waves: int = 0, activation: str | None = None, alpha: float = 0.0,
-                  channels: int = 0) -> Launch:
-    """y = act((x - k) * a + b) with (k, a, b) per channel (plane % channels) or per plane."""
+                  channels: int = 0, sample_planes: int = 0) -> Launch:
+    """y = act((x - k) * a + b) with (k, a, b) per channel (plane % channels), per plane, or per
+    (sample, channel) when `sample_planes` (planes per sample) is given."""
     itemsize = ITEMSIZE[dtype]
     if vec < 1 or vec & (vec - 1) or vec * itemsize > 16:
         raise ScheduleError(f"vector of {vec} {dtype} is not a power-of-two access of at most 16 bytes")
@@ -505,10 +510,15 @@ def affine_launch(kernel: str, dtype: str, numel: int, plane: int, nparams: int,
         layout = "rowwise"
     else:
         layout = "crossing"
+    if sample_planes and layout != "rowwise":
+        raise ScheduleError(f"per-sample coefficients need whole vectors of channels ({channels} % {vec})")
+    # float4 coefficient loads: the vector's channels start at a multiple of 4, and so do the a and b
+    # thirds of the coefficient array.
+    coef_vec = 4 if layout == "rowwise" and vec % 4 == 0 and nparams % 4 == 0 else 1
     params = {"ctype": C_TYPE[dtype], "index_type": idx, "vec": vec, "unroll": unroll, "block": block,
               "grid_stride": bool(waves) and cap < full, "streaming": streaming, "plane": plane,
               "nch": channels if not per_plane else 0, "per_plane": per_plane, "layout": layout,
-              "activation": activation or "none"}
+              "activation": activation or "none", "sample_planes": sample_planes, "coef_vec": coef_vec}
     wide = "i32" if idx == "int" else "i64"
     args = (Buf("x"), Buf(coef), Buf(out), Scalar(wide, numel), Scalar(wide, nparams), Scalar("f32", alpha))
     return Launch.make("batch_norm/affine.hip.j2", kernel, params, (grid,), (block,), args)
@@ -532,8 +542,11 @@ def row_tolerance(dtype: str, algorithm: str, stats: str | None) -> tuple[float,
     fp32: a few roundings per element plus the statistics' own error (well under 1e-6 of the
     spread for every stable method): 4e-6. fp16: the output rounding alone is 2^-11 (4.9e-4),
     the input rounding does not count (the reference sees the same fp16 values): 2e-3.
+    bf16: 8 significant bits, the output rounding alone is up to 2^-8 (3.9e-3) of |y|: 5e-3.
     The naive group-norm kernel uses the seed's one-pass sum/sum of squares, exact enough only
     on centred data; the tests give it centred data."""
+    if dtype == "bfloat16":
+        return 5e-3, 0.0
     if dtype == "float16":
         return 2e-3, 0.0
     return (2e-5 if algorithm == "naive" else 4e-6), 0.0

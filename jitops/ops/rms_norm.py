@@ -1,6 +1,6 @@
 """rms_norm: y = x / sqrt(mean(x^2) + eps) * gamma over the trailing dims.
 
-fp32 or fp16 input, fp32 accumulation; gamma optional, shaped like `normalized_shape`, in the
+fp32, fp16 or bf16 input, fp32 accumulation; gamma optional, shaped like `normalized_shape`, in the
 input's dtype or float32. Same row scheduler as layer_norm (norm_common); the statistic is a plain
 sum of squares (nothing to cancel, so one pass is exact enough). `naive` is the baseline.
 """
