@@ -510,7 +510,7 @@ def affine_launch(kernel: str, dtype: str, numel: int, plane: int, nparams: int,
         layout = "rowwise"
     else:
         layout = "crossing"
-    if sample_planes and layout != "rowwise":
+    if sample_planes and layout == "crossing":
         raise ScheduleError(f"per-sample coefficients need whole vectors of channels ({channels} % {vec})")
     # float4 coefficient loads: the vector's channels start at a multiple of 4, and so do the a and b
     # thirds of the coefficient array.
