@@ -126,9 +126,10 @@ def cases(quick: bool):
                 if fmt == "channels_last":
                     x = x.contiguous(memory_format=CL)
                 o = torch.empty_like(x)
+                gx, bx = g.to(x.dtype), b.to(x.dtype)      # torch: parameters in x's dtype, converted once
                 add("group_norm", f"{'x'.join(map(str, shape))} G=32 {fmt}",
                     lambda x=x, g=g, b=b: jitops.group_norm(x, groups, g, b),
-                    lambda x=x, g=g, b=b: F.group_norm(x, groups, g, b),
+                    lambda x=x, gx=gx, bx=bx: F.group_norm(x, groups, gx, bx),
                     lambda x=x, g=g, b=b: ref_group_norm(x, groups, g, b, 1e-5), o,
                     lambda x=x, g=g, b=b, o=o: jitops.group_norm(x, groups, g, b, out=o),
                     2 * x.numel() * x.element_size() + 8 * c, dtype,
@@ -143,14 +144,16 @@ def cases(quick: bool):
                 g = (torch.randn(h, device=dev) * 0.5 + 1).to(pt)
                 b = torch.randn(h, device=dev).to(pt) if kind == "layer" else None
                 o = torch.empty_like(x)
+                # torch gets its parameters in x's dtype, converted once here (not in the timed call)
+                gx, bx = g.to(x.dtype), (b.to(x.dtype) if b is not None else None)
                 if kind == "layer":
                     j = lambda x=x, g=g, b=b, h=h: jitops.layer_norm(x, h, g, b)
                     jo = lambda x=x, g=g, b=b, o=o, h=h: jitops.layer_norm(x, h, g, b, out=o)
-                    v = lambda x=x, g=g, b=b, h=h: F.layer_norm(x, (h,), g.to(x.dtype), b.to(x.dtype))
+                    v = lambda x=x, gx=gx, bx=bx, h=h: F.layer_norm(x, (h,), gx, bx)
                 else:
                     j = lambda x=x, g=g, h=h: jitops.rms_norm(x, h, g)
                     jo = lambda x=x, g=g, o=o, h=h: jitops.rms_norm(x, h, g, out=o)
-                    v = lambda x=x, g=g, h=h: F.rms_norm(x, (h,), g.to(x.dtype))
+                    v = lambda x=x, gx=gx, h=h: F.rms_norm(x, (h,), gx)
                 add(f"{kind}_norm", f"{shape[0]}x{h}", j, v, lambda x=x, g=g, b=b, kind=kind: ref_rows(x, kind, g, b, 1e-5 if
                     kind == "layer" else 1e-6), o, jo, 2 * x.numel() * x.element_size() + 8 * h, dtype,
                     (f"{kind}_norm", {"x": x, "gamma": g, "beta": b}, {"normalized_shape": h}, None))
