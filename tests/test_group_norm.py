@@ -206,3 +206,14 @@ def test_nhwc_refuses_row_kernels(emu):
         jitops.group_norm(x, 2, None, None, layout="nhwc", schedule="block")
     with pytest.raises(jitops.ArgumentError, match="layout"):
         jitops.group_norm(x, 2, None, None, layout="nchwc")
+
+
+def test_nhwc_more_groups_than_threads(emu, rng):
+    """One channel per group (instance norm), 96 groups, a block of one warp: the last block's
+    merge threads each take several groups; several chunks per sample."""
+    from jitops.ops import group_norm_nhwc
+    prob = nhwc_problem((2, 96, 5, 5), 96)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "nhwc", threads=emu.device.warp_size, pixels_per_block=3)
+    assert get_op("group_norm").plan(prob, sched, emu.device).launches[0].block[0] < 96
+    for _ in range(2):
+        check_norm("group_norm", prob, sched, rng)

@@ -24,7 +24,7 @@ from .base import C_TYPE, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, Workspa
 from .norm_common import MAX_THREADS_PER_SM, affine_launch, ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("nhwc", "naive")
-SHARED_LIMIT = 40 << 10          # the stats kernel's static shared memory: 8 bytes per (row, channel)
+SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
 
 
 def _shape(problem: Any) -> tuple[int, int, int, int]:
@@ -32,10 +32,16 @@ def _shape(problem: Any) -> tuple[int, int, int, int]:
     return n, c, problem.plane, c // problem.groups
 
 
-def _rows_per_step(cv: int, warp: int, block: int = 256) -> tuple[int, int]:
+def _rows_per_step(cv: int, warp: int, block: int = 512) -> tuple[int, int]:
     """(pixel rows per step, threads per block): CV threads per pixel row, rows filling ~block."""
     by = max(1, block // cv)
     return by, ceil_div(cv * by, warp) * warp
+
+
+def _shared_bytes(c: int, groups: int, by: int, block: int) -> int:
+    """Per-(row, channel) sums, shifts and references per channel, merge states per (group, thread)."""
+    j = max(1, block // groups)
+    return 4 * (2 * by * c + 2 * c + 3 * groups * j) + 16
 
 
 def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **over: Any) -> Schedule:
@@ -46,19 +52,22 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
-    fits = cv <= 1024 and 8 * c * max(1, 256 // cv) <= SHARED_LIMIT
+    fits = cv <= 1024 and _shared_bytes(c, problem.groups, *_rows_per_step(cv, device.warp_size)) <= SHARED_LIMIT
     if algorithm == "naive" or (algorithm is None and not fits):
         if algorithm is None:
             why.append(f"{cv} vectors per pixel: more than the stats kernel holds, so the naive kernel")
         return Schedule.make("naive", why="; ".join(why + ["baseline: block per group, scalar, strided"]),
                              block=int(over.pop("block", 256)))
-    by, block = _rows_per_step(cv, device.warp_size, int(over.pop("threads", 256)))
+    by, block = _rows_per_step(cv, device.warp_size, int(over.pop("threads", 512)))
     unroll = int(over.pop("unroll", 4))
-    # Enough blocks to fill the device about twice, each with at least `unroll` rows per thread:
-    # the per-block tail (reduce, merge, one partial per group) is then small next to the loads.
+    # H100 sweep (scripts/device_memops.py, 2026-11-23, SD-UNet shapes, fp16): the per-block tail
+    # (reduce, per-group merge, partials, ticket) made many small blocks lose: 512 threads and 4x
+    # the pixels per block of a 2-waves split ran 1.4-1.7x faster (2x320x64x64: 25.8 -> 16.9 us).
+    # The tail has since lost its global loads and per-group fences; the split kept: about one
+    # resident wave in all, at least two load steps per thread.
     resident = device.multiprocessors * max(1, MAX_THREADS_PER_SM // block)
-    want = max(1, ceil_div(2 * resident, max(1, n)))
-    ppb = int(over.pop("pixels_per_block", max(by * unroll, ceil_div(hw, want))))
+    want = max(1, ceil_div(resident, max(1, n)))
+    ppb = int(over.pop("pixels_per_block", max(2 * by * unroll, ceil_div(hw, want))))
     ablock, aunroll = int(over.pop("apply_block", 256)), int(over.pop("apply_unroll", 2))
     if over:
         raise ScheduleError(f"group_norm nhwc: unknown parameters {sorted(over)}")
@@ -102,8 +111,8 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
     by, block = _rows_per_step(cv, device.warp_size, int(schedule["threads"]))
     if cv > device.max_threads_per_block or block > device.max_threads_per_block:
         raise ScheduleError(f"group_norm nhwc: {cv} vectors per pixel exceed a block")
-    if 8 * by * c > SHARED_LIMIT:
-        raise ScheduleError(f"group_norm nhwc: {by} rows of {c} channels exceed shared memory")
+    if _shared_bytes(c, problem.groups, by, block) > SHARED_LIMIT:
+        raise ScheduleError(f"group_norm nhwc: {by} rows of {c} channels ({problem.groups} groups) exceed shared memory")
     if ppb < 1 or unroll < 1:
         raise ScheduleError("group_norm nhwc: pixels_per_block and unroll must be positive")
     chunks = ceil_div(hw, ppb)
