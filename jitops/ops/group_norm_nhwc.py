@@ -40,8 +40,16 @@ def _rows_per_step(cv: int, warp: int, block: int = 512) -> tuple[int, int]:
 
 def _shared_bytes(c: int, groups: int, by: int, block: int) -> int:
     """Per-(row, channel) sums, shifts and references per channel, merge states per (group, thread)."""
-    j = max(1, block // groups)
-    return 4 * (2 * by * c + 2 * c + 3 * groups * j) + 16
+    return 4 * (2 * by * c + 2 * c + (0 if _merge_in_sums(c, groups, by, block) else 3 * groups * _merge_threads(groups, block))) + 16
+
+
+def _merge_threads(groups: int, block: int) -> int:
+    return max(1, block // groups)
+
+
+def _merge_in_sums(c: int, groups: int, by: int, block: int) -> bool:
+    """The last block's merge states fit where the per-row sums were (no longer needed by then)."""
+    return 3 * groups * _merge_threads(groups, block) <= by * c
 
 
 def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **over: Any) -> Schedule:
@@ -52,13 +60,17 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
-    fits = cv <= 1024 and _shared_bytes(c, problem.groups, *_rows_per_step(cv, device.warp_size)) <= SHARED_LIMIT
+    # the widest block (512 threads, fewer for wide rows of many channels) whose sums fit shared memory
+    fitting = [t for t in (512, 256, 128, device.warp_size)
+               if cv <= device.max_threads_per_block and
+               _shared_bytes(c, problem.groups, *_rows_per_step(cv, device.warp_size, t)) <= SHARED_LIMIT]
+    fits = bool(fitting)
     if algorithm == "naive" or (algorithm is None and not fits):
         if algorithm is None:
             why.append(f"{cv} vectors per pixel: more than the stats kernel holds, so the naive kernel")
         return Schedule.make("naive", why="; ".join(why + ["baseline: block per group, scalar, strided"]),
                              block=int(over.pop("block", 256)))
-    by, block = _rows_per_step(cv, device.warp_size, int(over.pop("threads", 512)))
+    by, block = _rows_per_step(cv, device.warp_size, int(over.pop("threads", fitting[0] if fitting else 512)))
     unroll = int(over.pop("unroll", 4))
     # H100 sweep (scripts/device_memops.py, 2026-11-23, SD-UNet shapes, fp16): the per-block tail
     # (reduce, per-group merge, partials, ticket) made many small blocks lose: 512 threads and 4x
@@ -120,7 +132,8 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
     params = {"ctype": C_TYPE[problem.dtype], "ptype": C_TYPE[problem.ptype], "index_type": index_type(numel + 16),
               "vec": vec, "channels": c, "rows_per_step": by, "unroll": unroll, "pixels": hw,
               "pixels_per_block": ppb, "chunks": chunks, "groups": problem.groups, "block": block,
-              "has_gamma": problem.has_gamma, "has_beta": problem.has_beta}
+              "has_gamma": problem.has_gamma, "has_beta": problem.has_beta,
+              "merge_in_sums": _merge_in_sums(c, problem.groups, by, block)}
     args = [Buf("x"), *ptr_or_none("gamma", problem.has_gamma), *ptr_or_none("beta", problem.has_beta),
             Buf("partials"), Buf("counters"), Buf("coef"), Scalar("i32", n), Scalar("f32", problem.eps)]
     stats = Launch.make("layer_norm/nhwc_stats.hip.j2", "group_norm_nhwc_stats", params, (n * chunks,), (block,),
