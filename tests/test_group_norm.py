@@ -217,3 +217,14 @@ def test_nhwc_more_groups_than_threads(emu, rng):
     assert get_op("group_norm").plan(prob, sched, emu.device).launches[0].block[0] < 96
     for _ in range(2):
         check_norm("group_norm", prob, sched, rng)
+
+
+def test_parse_problem_layout():
+    """`jitops compile group_norm ... layout=nhwc` (x is the logical N x C x H x W shape)."""
+    prob = OP.parse_problem({"x": "2x8x3x5", "num_groups": "2", "layout": "nhwc", "dtype": "bfloat16"})
+    assert prob.layout == "nhwc" and prob.inputs()["x"].storage_shape == (2, 3, 5, 8)
+    assert OP.parse_problem({"x": "2x8x3x5", "num_groups": "2"}).layout == ""
+    with pytest.raises(jitops.ArgumentError, match="layout"):
+        OP.parse_problem({"x": "2x8x15", "num_groups": "2", "layout": "nhwc"})
+    bn = get_op("batch_norm").parse_problem({"x": "2x8x3x5", "layout": "nhwc"})
+    assert bn.layout == "nhwc" and bn.stride_plane == 1

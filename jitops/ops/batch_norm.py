@@ -100,17 +100,26 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
 
 def parse_problem(spec: Mapping[str, str]) -> BatchNormProblem:
-    """CLI: x=256x64x56x56 [dtype=float16] [ptype=float32] [activation=relu] [alpha=0.1] [eps=1e-5]."""
-    extra = set(spec) - {"x", "dtype", "ptype", "activation", "alpha", "eps"}
+    """CLI: x=256x64x56x56 [dtype=float16] [ptype=float32] [activation=relu] [alpha=0.1] [eps=1e-5]
+    [layout=nhwc] (x is the logical N x C x H x W shape either way)."""
+    extra = set(spec) - {"x", "dtype", "ptype", "activation", "alpha", "eps", "layout"}
     if extra:
-        raise ArgumentError(sorted(extra)[0], "one of x, dtype, ptype, activation, alpha, eps", op=NAME)
+        raise ArgumentError(sorted(extra)[0], "one of x, dtype, ptype, activation, alpha, eps, layout", op=NAME)
     shape = parse_shape(spec.get("x", "256x64x56x56"))
     dtype = spec.get("dtype", "float32")
     p = TensorSpec((shape[1] if len(shape) > 1 else 0,), spec.get("ptype", dtype))
     act = spec.get("activation")
-    return make_problem({"x": TensorSpec(shape, dtype), "mean": p, "var": p, "gamma": p, "beta": p},
+    return make_problem({"x": TensorSpec(shape, dtype, _layout(spec, shape)), "mean": p, "var": p, "gamma": p,
+                         "beta": p},
                         {"eps": float(spec.get("eps", 1e-5)), "activation": None if act in (None, "none") else act,
                          "alpha": parse_value(spec.get("alpha", "0.01"))})
+
+
+def _layout(spec: Mapping[str, str], shape: tuple[int, ...]) -> str:
+    layout = spec.get("layout", "nchw")
+    if layout not in ("nchw", "nhwc") or (layout == "nhwc" and len(shape) != 4):
+        raise ArgumentError("layout", "nchw, or nhwc with a 4-d x", layout, op=NAME)
+    return "" if layout == "nchw" else layout
 
 
 def heuristic(problem: BatchNormProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
@@ -203,11 +212,8 @@ def variants(device: DeviceInfo) -> list[tuple[BatchNormProblem, Schedule]]:
         out.append((prob, heuristic(prob, device, "naive")))
         out.append((prob, Schedule.make("folded", vec=16 // ITEMSIZE[dtype], unroll=2, block=128, waves=1,
                                         streaming=True)))
-    # bf16 channels_last with fp32 parameters: the vector's channels are contiguous (rowwise).
-    p = TensorSpec((64,), "float32")
-    nhwc = make_problem({"x": TensorSpec((2, 64, 8, 8), "bfloat16", "nhwc"), "mean": p, "var": p, "gamma": p,
-                         "beta": p}, {})
-    out.append((nhwc, heuristic(nhwc, device)))
+    # NHWC is the rank-2 (rowwise, float4 coefficients) branch above; bf16 is compiled by the
+    # group-norm NHWC variant through the same affine template (no extra compile here: CI time).
     p = TensorSpec((16,), "float32")
     bare = make_problem({"x": TensorSpec((2, 16, 8, 8), "float32"), "mean": p, "var": p}, {})
     out.append((bare, heuristic(bare, device)))

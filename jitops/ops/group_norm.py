@@ -94,15 +94,19 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
 
 def parse_problem(spec: Mapping[str, str]) -> GroupNormProblem:
-    """CLI: x=256x64x56x56 num_groups=32 [dtype=float16] [ptype=float32] [affine=false] [eps=1e-5]."""
-    extra = set(spec) - {"x", "num_groups", "dtype", "ptype", "affine", "eps"}
+    """CLI: x=256x64x56x56 num_groups=32 [dtype=float16] [ptype=float32] [affine=false] [eps=1e-5]
+    [layout=nhwc] (x is the logical N x C x H x W shape either way)."""
+    extra = set(spec) - {"x", "num_groups", "dtype", "ptype", "affine", "eps", "layout"}
     if extra:
-        raise ArgumentError(sorted(extra)[0], "one of x, num_groups, dtype, ptype, affine, eps", op=NAME)
+        raise ArgumentError(sorted(extra)[0], "one of x, num_groups, dtype, ptype, affine, eps, layout", op=NAME)
+    layout = spec.get("layout", "nchw")
     shape = parse_shape(spec.get("x", "256x64x56x56"))
     dtype = spec.get("dtype", "float32")
     affine = parse_value(spec.get("affine", "true")) is True
     p = TensorSpec((shape[1] if len(shape) > 1 else 0,), spec.get("ptype", dtype)) if affine else None
-    return make_problem({"x": TensorSpec(shape, dtype), "gamma": p, "beta": p},
+    if layout not in ("nchw", "nhwc") or (layout == "nhwc" and len(shape) != 4):
+        raise ArgumentError("layout", "nchw, or nhwc with a 4-d x", layout, op=NAME)
+    return make_problem({"x": TensorSpec(shape, dtype, "" if layout == "nchw" else layout), "gamma": p, "beta": p},
                         {"num_groups": parse_value(spec.get("num_groups", "32")),
                          "eps": float(spec.get("eps", 1e-5))})
 

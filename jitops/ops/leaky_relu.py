@@ -180,8 +180,8 @@ def variants(device: DeviceInfo) -> list[tuple[LeakyReluProblem, Schedule]]:
         out.append((p, _vectorized(p, device, vec, 4, 256, 0)))
         out.append((p, _vectorized(p, device, vec, 2, 128, 1, streaming=True)))      # grid-stride, streaming
         out.append((p, Schedule.make("vectorized", vec=vec, unroll=1, block=256, waves=0, index="int64")))
-    bf16 = make_problem({"x": TensorSpec((2, 64, 32, 32), "bfloat16", "nhwc")}, {"alpha": 0.1})
-    out.append((bf16, heuristic(bf16, device)))
+    # bf16 / NHWC: the same template with jt_bf16 (the row-norm and group-norm variants compile
+    # bf16 vectors; the emulator tests run this one), so no extra compile here (CI time)
     return out
 
 
