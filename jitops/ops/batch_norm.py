@@ -20,7 +20,8 @@ from ..device import DeviceInfo
 from ..errors import ArgumentError, ScheduleError
 from .base import (C_TYPE, INT32_MAX, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div,
                    index_type, parse_shape, parse_value, problem_key)
-from .norm_common import affine_launch, check_eps, check_input, param_dtype, prod, require_tensor
+from .norm_affine import affine_launch
+from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
 
 NAME = "batch_norm"
 INPUTS = ("x", "mean", "var", "gamma", "beta")

@@ -22,8 +22,8 @@ from ..device import DeviceInfo
 from ..errors import ArgumentError
 from . import group_norm_nhwc as nhwc
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_common import (RowSpec, check_eps, check_input, layer_reference, param_dtype, prod, require_tensor,
-                          row_candidates, row_heuristic, row_plan, row_tolerance)
+from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
+from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
 
 NAME = "group_norm"
 INPUTS = ("x", "gamma", "beta")

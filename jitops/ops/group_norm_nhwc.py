@@ -21,7 +21,8 @@ from typing import Any
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
-from .norm_common import MAX_THREADS_PER_SM, affine_launch, ptr_or_none, row_plan, vector_width
+from .norm_affine import MAX_THREADS_PER_SM, affine_launch
+from .norm_common import ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("nhwc", "naive")
 SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
