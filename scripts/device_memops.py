@@ -154,8 +154,10 @@ def cases(quick: bool):
                     j = lambda x=x, g=g, h=h: jitops.rms_norm(x, h, g)
                     jo = lambda x=x, g=g, o=o, h=h: jitops.rms_norm(x, h, g, out=o)
                     v = lambda x=x, gx=gx, h=h: F.rms_norm(x, (h,), gx)
-                add(f"{kind}_norm", f"{shape[0]}x{h}", j, v, lambda x=x, g=g, b=b, kind=kind: ref_rows(x, kind, g, b, 1e-5 if
-                    kind == "layer" else 1e-6), o, jo, 2 * x.numel() * x.element_size() + 8 * h, dtype,
+                eps = 1e-5 if kind == "layer" else 1e-6
+                ref = lambda x=x, g=g, b=b, kind=kind, eps=eps: ref_rows(x, kind, g, b, eps)
+                add(f"{kind}_norm", f"{shape[0]}x{h}", j, v, ref, o, jo, 2 * x.numel() * x.element_size() + 8 * h,
+                    dtype,
                     (f"{kind}_norm", {"x": x, "gamma": g, "beta": b}, {"normalized_shape": h}, None))
     return out
 

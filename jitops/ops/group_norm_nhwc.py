@@ -41,7 +41,8 @@ def _rows_per_step(cv: int, warp: int, block: int = 512) -> tuple[int, int]:
 
 def _shared_bytes(c: int, groups: int, by: int, block: int) -> int:
     """Per-(row, channel) sums, shifts and references per channel, merge states per (group, thread)."""
-    return 4 * (2 * by * c + 2 * c + (0 if _merge_in_sums(c, groups, by, block) else 3 * groups * _merge_threads(groups, block))) + 16
+    merge = 0 if _merge_in_sums(c, groups, by, block) else 3 * groups * _merge_threads(groups, block)
+    return 4 * (2 * by * c + 2 * c + merge) + 16
 
 
 def _merge_threads(groups: int, block: int) -> int:
@@ -125,7 +126,8 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
     if cv > device.max_threads_per_block or block > device.max_threads_per_block:
         raise ScheduleError(f"group_norm nhwc: {cv} vectors per pixel exceed a block")
     if _shared_bytes(c, problem.groups, by, block) > SHARED_LIMIT:
-        raise ScheduleError(f"group_norm nhwc: {by} rows of {c} channels ({problem.groups} groups) exceed shared memory")
+        raise ScheduleError(f"group_norm nhwc: {by} rows of {c} channels ({problem.groups} groups) "
+                            "exceed shared memory")
     if ppb < 1 or unroll < 1:
         raise ScheduleError("group_norm nhwc: pixels_per_block and unroll must be positive")
     chunks = ceil_div(hw, ppb)

@@ -129,7 +129,8 @@ def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
     out.append((bare, row_heuristic(bare.row_spec(), device, "naive")))
     # bf16 activations with fp32 parameters (the row family's one bf16 representative).
     p32 = TensorSpec((1024,), "float32")
-    bf16 = make_problem({"x": TensorSpec((64, 1024), "bfloat16"), "gamma": p32, "beta": p32}, {"normalized_shape": 1024})
+    bf16 = make_problem({"x": TensorSpec((64, 1024), "bfloat16"), "gamma": p32, "beta": p32},
+                        {"normalized_shape": 1024})
     out.append((bf16, row_heuristic(bf16.row_spec(), device)))
     only_gamma = make_problem({"x": TensorSpec((8, 100), "float32"), "gamma": TensorSpec((100,), "float32")},
                               {"normalized_shape": 100})
