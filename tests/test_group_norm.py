@@ -228,3 +228,15 @@ def test_parse_problem_layout():
         OP.parse_problem({"x": "2x8x15", "num_groups": "2", "layout": "nhwc"})
     bn = get_op("batch_norm").parse_problem({"x": "2x8x3x5", "layout": "nhwc"})
     assert bn.layout == "nhwc" and bn.stride_plane == 1
+
+
+def test_nhwc_misaligned_views(emu, rng):
+    """x 2 bytes past a 16-byte boundary: the stats kernel loads element by element, the apply
+    kernel takes its scalar path (per-sample coefficients there too)."""
+    shape = (2, 4, 5, 16)                                    # N, H, W, C
+    base = (rng.standard_normal(int(np.prod(shape)) + 1) * 2 + 0.5).astype(np.float16)
+    x = base[1:].reshape(shape)
+    prob = nhwc_problem((2, 16, 4, 5), 4, "float16", "float32")
+    ins = OP.random_inputs(prob, rng)
+    ins["x"] = x
+    check_norm("group_norm", prob, None, rng, ins=ins)
