@@ -26,6 +26,7 @@ from .norm_common import ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("nhwc", "naive")
 SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
+STATS_REGISTERS = 72             # per thread, allocated (ptxas, sm_90: 69 for fp16/bf16, 40 for fp32)
 
 
 def _shape(problem: Any) -> tuple[int, int, int, int]:
@@ -54,6 +55,11 @@ def _merge_in_sums(c: int, groups: int, by: int, block: int) -> bool:
     return 3 * groups * _merge_threads(groups, block) <= by * c
 
 
+def _blocks_per_sm(block: int, device: DeviceInfo) -> int:
+    """Resident stats blocks per multiprocessor: threads and registers (65536 per SM)."""
+    return max(1, min(MAX_THREADS_PER_SM // block, 65536 // (block * STATS_REGISTERS)))
+
+
 def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **over: Any) -> Schedule:
     if algorithm not in (None, *ALGORITHMS):
         raise ScheduleError(f"group_norm on channels_last input has no algorithm '{algorithm}' "
@@ -72,16 +78,24 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
             why.append(f"{cv} vectors per pixel: more than the stats kernel holds, so the naive kernel")
         return Schedule.make("naive", why="; ".join(why + ["baseline: block per group, scalar, strided"]),
                              block=int(over.pop("block", 256)))
-    by, block = _rows_per_step(cv, device.warp_size, int(over.pop("threads", fitting[0] if fitting else 512)))
     unroll = int(over.pop("unroll", 4))
     # H100 sweep (scripts/device_memops.py, 2026-11-23, SD-UNet shapes, fp16): the per-block tail
     # (reduce, per-group merge, partials, ticket) made many small blocks lose: 512 threads and 4x
     # the pixels per block of a 2-waves split ran 1.4-1.7x faster (2x320x64x64: 25.8 -> 16.9 us).
-    # The tail has since lost its global loads and per-group fences; the split kept: about one
-    # resident wave in all, at least two load steps per thread.
-    resident = device.multiprocessors * max(1, MAX_THREADS_PER_SM // block)
-    want = max(1, ceil_div(resident, max(1, n)))
-    ppb = int(over.pop("pixels_per_block", max(2 * by * unroll, ceil_div(hw, want))))
+    # The tail has since lost its global loads and per-group fences (not re-measured). Kept: about
+    # one resident wave in all, at least one full load step per thread; 512 threads while that wave
+    # fits one block per SM (registers allow no second one), else 256 (three per SM: more loads
+    # in flight per SM for the many-block problems).
+    threads = over.pop("threads", None)
+    options = [int(threads)] if threads is not None else fitting[:2]
+    for t in options:
+        by, block = _rows_per_step(cv, device.warp_size, t)
+        resident = device.multiprocessors * _blocks_per_sm(block, device)
+        want = max(1, ceil_div(resident, max(1, n)))
+        ppb = max(by * unroll, ceil_div(hw, want))
+        if n * ceil_div(hw, ppb) <= resident:
+            break
+    ppb = int(over.pop("pixels_per_block", ppb))
     ablock, aunroll = int(over.pop("apply_block", 256)), int(over.pop("apply_unroll", 2))
     if over:
         raise ScheduleError(f"group_norm nhwc: unknown parameters {sorted(over)}")
