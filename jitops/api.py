@@ -24,11 +24,22 @@ def _out(name: str, out: Any) -> dict[str, Any] | None:
     return {name: out} if out is not None else None
 
 
-def leaky_relu(x: Any, alpha: float = 0.01, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """y = x if x > 0 else alpha * x (fp32 or fp16). Algorithms: "vectorized", "naive"."""
-    if out is None and schedule is None and (y := repeat_call("leaky_relu", (x,), (alpha,))) is not MISS:
+def _with_layout(attrs: dict[str, Any], layout: str | None) -> dict[str, Any]:
+    """The engine's `layout` attribute only when given, so that plain calls keep the attribute
+    order their repeat_call tuples list."""
+    return attrs if layout is None else {**attrs, "layout": layout}
+
+
+def leaky_relu(x: Any, alpha: float = 0.01, *, layout: str | None = None, out: Any = None,
+               schedule: ScheduleArg = None) -> Any:
+    """y = x if x > 0 else alpha * x (fp32, fp16 or bf16), over any dense memory format: a
+    channels_last tensor gives a channels_last result. layout="nhwc": a non-torch 4-d array is
+    (N, H, W, C) (the result too). Algorithms: "vectorized", "naive"."""
+    if out is None and schedule is None and layout is None and \
+            (y := repeat_call("leaky_relu", (x,), (alpha,))) is not MISS:
         return y
-    return engine.run("leaky_relu", {"x": x}, {"alpha": alpha}, out=_out("y", out), schedule=schedule)
+    return engine.run("leaky_relu", {"x": x}, _with_layout({"alpha": alpha}, layout), out=_out("y", out),
+                      schedule=schedule)
 
 
 def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
@@ -66,29 +77,36 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
 
 
 def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 1e-5,
-               activation: str | None = None, alpha: float = 0.01, *, out: Any = None,
-               schedule: ScheduleArg = None) -> Any:
-    """Inference batch norm over axis 1 (NCHW or any rank >= 2), optional fused activation."""
-    if out is None and schedule is None and (y := repeat_call(
+               activation: str | None = None, alpha: float = 0.01, *, layout: str | None = None,
+               out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """Inference batch norm over axis 1 (NCHW or any rank >= 2), optional fused activation; fp32,
+    fp16 or bf16 x, parameters in x's dtype or fp32. A channels_last x gives a channels_last
+    result; layout="nhwc": a non-torch 4-d x is (N, H, W, C) (the result too)."""
+    if out is None and schedule is None and layout is None and (y := repeat_call(
             "batch_norm", (x, mean, var, gamma, beta), (eps, activation, alpha))) is not MISS:
         return y
     return engine.run("batch_norm", {"x": x, "mean": mean, "var": var, "gamma": gamma, "beta": beta},
-                      {"eps": eps, "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
+                      _with_layout({"eps": eps, "activation": activation, "alpha": alpha}, layout),
+                      out=_out("y", out), schedule=schedule)
 
 
-def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *, out: Any = None,
-               schedule: ScheduleArg = None) -> Any:
-    """Group norm of NCHW input with per-channel gamma and beta."""
-    if out is None and schedule is None and (y := repeat_call(
+def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5, *, layout: str | None = None,
+               out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """Group norm of NCHW input with per-channel gamma and beta; fp32, fp16 or bf16 x, parameters
+    in x's dtype or fp32. A channels_last x is read in place (the NHWC kernels) and gives a
+    channels_last result; layout="nhwc": a non-torch 4-d x is (N, H, W, C) (the result too)."""
+    if out is None and schedule is None and layout is None and (y := repeat_call(
             "group_norm", (x, gamma, beta), (num_groups, eps))) is not MISS:
         return y
-    return engine.run("group_norm", {"x": x, "gamma": gamma, "beta": beta}, {"num_groups": num_groups, "eps": eps},
-                      out=_out("y", out), schedule=schedule)
+    return engine.run("group_norm", {"x": x, "gamma": gamma, "beta": beta},
+                      _with_layout({"num_groups": num_groups, "eps": eps}, layout), out=_out("y", out),
+                      schedule=schedule)
 
 
 def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, beta: Any = None,
                eps: float = 1e-5, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """Layer norm over the trailing `normalized_shape` dims."""
+    """Layer norm over the trailing `normalized_shape` dims; fp32, fp16 or bf16 x (fp32 statistics),
+    gamma / beta in x's dtype or fp32."""
     if out is None and schedule is None and (y := repeat_call(
             "layer_norm", (x, gamma, beta), (normalized_shape, eps))) is not MISS:
         return y
@@ -98,7 +116,8 @@ def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None,
 
 def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, eps: float = 1e-6, *,
              out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """RMS norm over the trailing `normalized_shape` dims."""
+    """RMS norm over the trailing `normalized_shape` dims; fp32, fp16 or bf16 x (fp32 accumulation),
+    gamma in x's dtype or fp32."""
     if out is None and schedule is None and (y := repeat_call(
             "rms_norm", (x, gamma), (normalized_shape, eps))) is not MISS:
         return y

@@ -114,3 +114,38 @@ def test_errors(call, match):
     p = np.ones(3, np.float32)
     with pytest.raises(jitops.JitopsError, match=match):
         call(x, p)
+
+
+# ---- bfloat16 and channels_last (issue 18)
+
+def nhwc_problem(shape, dtype="float32", ptype="float32", activation=None):
+    p = TensorSpec((shape[1],), ptype)
+    return OP.make_problem({"x": TensorSpec(shape, dtype, "nhwc"), "mean": p, "var": p, "gamma": p, "beta": p},
+                           {"activation": activation, "alpha": 0.1})
+
+
+@pytest.mark.parametrize("algorithm", ["folded", "naive"])
+def test_bf16(emu, rng, algorithm):
+    for shape in SHAPES[:3]:
+        check_norm("batch_norm", problem_of(shape, "bfloat16", "float32"), algorithm, rng)
+    check_norm("batch_norm", problem_of((2, 16, 8, 8), "bfloat16", "bfloat16", "relu"), algorithm, rng)
+
+
+# NHWC: channels a multiple of the vector (rowwise, float4 coefficients), C = 3 and 12 (vectors
+# straddle pixels: compare-and-increment), one channel, a fused activation.
+@pytest.mark.parametrize("algorithm", ["folded", "naive"])
+def test_nhwc(emu, rng, algorithm):
+    for shape, dtype, act in (((2, 16, 5, 7), "float32", None), ((2, 40, 3, 3), "bfloat16", "leaky_relu"),
+                              ((2, 3, 5, 7), "float32", "relu"), ((1, 12, 3, 3), "float16", None),
+                              ((2, 1, 4, 4), "float32", None)):
+        check_norm("batch_norm", nhwc_problem(shape, dtype, activation=act), algorithm, rng)
+
+
+def test_nhwc_torch_channels_last(emu):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 24, 5, 7).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    m, v, g, b = torch.randn(24), torch.rand(24) + 0.5, torch.randn(24), torch.randn(24)
+    y = jitops.batch_norm(x, m, v, g, b)
+    assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+    ref = torch.nn.functional.batch_norm(x.double(), m.double(), v.double(), g.double(), b.double())
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) <= 5e-3

@@ -101,10 +101,11 @@ def test_torch_channels_last_and_bf16_tensors():
 def test_ops_without_layout_inputs_refuse_nhwc():
     torch = pytest.importorskip("torch")
     t = torch.randn(2, 3, 5, 7).to(memory_format=torch.channels_last)
+    # layer_norm normalizes trailing dims: it declares no LAYOUT_INPUTS (leaky_relu now does)
     with pytest.raises(ArgumentError, match="'x'.*contiguous"):
-        engine.run("leaky_relu", {"x": t}, {"alpha": 0.1})
+        engine.run("layer_norm", {"x": t}, {"normalized_shape": 7})
     with pytest.raises(ArgumentError, match="'layout'"):
-        engine.run("leaky_relu", {"x": np.zeros(4, np.float32)}, {"alpha": 0.1, "layout": "nhwc"})
+        engine.run("layer_norm", {"x": np.zeros((2, 4), np.float32)}, {"normalized_shape": 4, "layout": "nhwc"})
 
 
 MMA_NT = r"""

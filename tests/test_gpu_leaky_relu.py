@@ -147,3 +147,20 @@ def test_device_mismatch_is_an_error():
     x = torch.randn(10, device="cuda:1")
     with pytest.raises(jitops.ArgumentError, match="device"):
         jitops.leaky_relu(x)
+
+
+@pytest.mark.parametrize("algorithm", [None, "naive"])
+def test_bf16_and_channels_last(algorithm):
+    """bf16 (one rounding: 2^-8 relative) over the sizes, and channels_last tensors (dense storage,
+    output in the same format) in every dtype."""
+    for n in SIZES:
+        x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        out = torch.full_like(x, float("nan"))
+        y = jitops.leaky_relu(x, 0.1, out=out, schedule=algorithm)
+        torch.cuda.synchronize()
+        assert torch.equal(y, torch.nn.functional.leaky_relu(x, 0.1))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(2, 40, 7, 5, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+        y = jitops.leaky_relu(x, 0.1, schedule=algorithm)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(y, torch.nn.functional.leaky_relu(x, 0.1))

@@ -234,3 +234,88 @@ def test_more_than_2_to_31_elements():
         assert not torch.isnan(yr[-1]).any()
     del x, y
     torch.cuda.empty_cache()
+
+
+# ---- bfloat16 and channels_last (issue 18)
+
+@pytest.mark.parametrize("op_name", ["layer_norm", "rms_norm", "group_norm"])
+@pytest.mark.parametrize("ptype", ["float32", "bfloat16"])
+def test_bf16_every_strategy(op_name, ptype):
+    for shape in ROW_SHAPES[op_name][:4]:
+        attrs = {"num_groups": GROUPS[shape]} if op_name == "group_norm" else {}
+        problem, ins = make(op_name, shape, "bfloat16", ptype, attrs)
+        for alg in (None, "warp", "block", "stream", "split", "naive") if ptype == "float32" else (None,):
+            try:
+                sched = get_op(op_name).heuristic(problem, jitops.get_backend().device, alg)
+            except jitops.ScheduleError:
+                continue
+            if alg == "warp" and int(sched["items"]) > 32:
+                continue
+            check(op_name, problem, ins, sched)
+
+
+def _nhwc_check(op_name, shape, dtype, ptype="float32", groups=32, schedule=None, x=None, tol=None):
+    """channels_last torch tensors in, a channels_last output (NaN-poisoned) out, float64 on the device."""
+    c = shape[1]
+    x = (torch.randn(shape, device="cuda") * 2 + 0.5).to(getattr(torch, dtype)) if x is None else x
+    x = x.contiguous(memory_format=torch.channels_last)
+    pt = getattr(torch, ptype)
+    g, b = (torch.randn(c, device="cuda") * 0.5 + 1).to(pt), torch.randn(c, device="cuda").to(pt)
+    out = torch.full_like(x, float("nan"))
+    xd, gd, bd = x.double(), g.double().view(1, c, 1, 1), b.double().view(1, c, 1, 1)
+    if op_name == "group_norm":
+        y = jitops.group_norm(x, groups, g, b, out=out, schedule=schedule)
+        r = xd.reshape(shape[0], groups, -1)
+        ref = ((r - r.mean(-1, keepdim=True)) / (r.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt())
+        ref = ref.reshape(shape) * gd + bd
+    else:
+        m, v = torch.randn(c, device="cuda").to(pt), (torch.rand(c, device="cuda") + 0.5).to(pt)
+        y = jitops.batch_norm(x, m, v, g, b, out=out, schedule=schedule)
+        ref = (xd - m.double().view(1, c, 1, 1)) / (v.double().view(1, c, 1, 1) + 1e-5).sqrt() * gd + bd
+    torch.cuda.synchronize()
+    assert y is out and not torch.isnan(y).any(), "elements left unwritten"
+    assert jitops.group_norm(x, groups, g, b).is_contiguous(memory_format=torch.channels_last) \
+        if op_name == "group_norm" else True
+    err = float((y.double() - ref).abs().max() / ref.abs().max())
+    tol = tol or {"float32": 4e-6, "float16": 2e-3, "bfloat16": 5e-3}[dtype]
+    assert err <= tol, f"{op_name} {shape} {dtype} {schedule}: {err:.3g} > {tol:.3g}"
+
+
+NHWC_SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (2, 1280, 8, 8), (2, 1920, 16, 16), (8, 320, 64, 64),
+               (256, 64, 56, 56), (3, 96, 7, 7), (2, 24, 5, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_group_norm_nhwc(dtype):
+    for shape in NHWC_SHAPES:
+        groups = 32 if shape[1] % 32 == 0 else 4
+        for alg in (None, "naive"):
+            _nhwc_check("group_norm", shape, dtype, groups=groups, schedule=alg)
+
+
+def test_group_norm_nhwc_large_offset_and_graph():
+    """1e4 + N(0, 1) in fp32 through the NHWC statistics (within 4e-6 of float64), then graph
+    replays on new data (the per-sample counters reset themselves)."""
+    shape = (2, 320, 32, 32)
+    _nhwc_check("group_norm", shape, "float32", x=torch.randn(shape, device="cuda").add_(1e4), tol=4e-6)
+    x = torch.randn(shape, device="cuda").contiguous(memory_format=torch.channels_last)
+    g, b = torch.randn(320, device="cuda"), torch.randn(320, device="cuda")
+    out = torch.empty_like(x)
+    jitops.group_norm(x, 32, g, b, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        jitops.group_norm(x, 32, g, b, out=out)
+    for _ in range(3):
+        x.copy_(torch.randn(shape, device="cuda") * 3 - 1)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.nn.functional.group_norm(x.double(), 32, g.double(), b.double())
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) <= 4e-6
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_batch_norm_nhwc(dtype):
+    for shape in [(256, 64, 56, 56), (8, 3, 7, 7), (2, 40, 5, 5), (4, 1, 3, 3)]:
+        for alg in (None, "naive"):
+            _nhwc_check("batch_norm", shape, dtype, schedule=alg)

@@ -108,3 +108,135 @@ def test_errors(call, match):
     p = np.ones(6, np.float32)
     with pytest.raises(jitops.JitopsError, match=match):
         call(x, p)
+
+
+# ---- bfloat16 and channels_last (issue 18)
+
+def nhwc_problem(shape, groups, dtype="float32", ptype=None, gamma=True, beta=True):
+    p = TensorSpec((shape[1],), ptype or dtype)
+    return OP.make_problem({"x": TensorSpec(shape, dtype, "nhwc"), "gamma": p if gamma else None,
+                            "beta": p if beta else None}, {"num_groups": groups})
+
+
+@pytest.mark.parametrize("algorithm", [None, "block", "split", "naive"])
+def test_bf16(emu, rng, algorithm):
+    check_norm("group_norm", problem_of((2, 6, 5, 7), 3, "bfloat16", "float32"), algorithm, rng)
+    check_norm("group_norm", problem_of((2, 8, 5, 4), 4, "bfloat16", "bfloat16"), algorithm, rng)
+
+
+# NHWC on odd shapes: channel vectors straddling groups (cpg 10 / 5 / 3 with 8-, 4- or 2-wide
+# vectors), one channel per group, C not a multiple of any vector (C = 3: scalar), 7x7 planes.
+NHWC_CASES = [((2, 40, 6, 6), 4, "bfloat16", "float32"), ((2, 20, 5, 3), 4, "float32", "float32"),
+              ((1, 6, 3, 5), 2, "float16", "float16"), ((3, 12, 7, 7), 12, "float32", "float32"),
+              ((2, 3, 5, 7), 1, "float32", "float32"), ((2, 24, 7, 7), 8, "bfloat16", "bfloat16")]
+
+
+@pytest.mark.parametrize("algorithm", [None, "naive"])
+def test_nhwc(emu, rng, algorithm):
+    for shape, groups, dtype, ptype in NHWC_CASES:
+        check_norm("group_norm", nhwc_problem(shape, groups, dtype, ptype), algorithm, rng)
+
+
+@pytest.mark.parametrize("params", [dict(pixels_per_block=5), dict(pixels_per_block=1, unroll=2),
+                                    dict(pixels_per_block=7, threads=64, unroll=1)])
+def test_nhwc_grid_reduction(emu, rng, params):
+    """Several blocks per sample (the atomic ticket and the merge of partials), a last chunk
+    shorter than the others, fewer rows per step than threads allow; three calls through one
+    plan (the per-sample counters reset themselves)."""
+    from jitops.ops import group_norm_nhwc
+    for shape, groups, dtype, ptype in NHWC_CASES[:3]:
+        prob = nhwc_problem(shape, groups, dtype, ptype)
+        sched = group_norm_nhwc.heuristic(prob, emu.device, "nhwc", **params)
+        assert get_op("group_norm").plan(prob, sched, emu.device).launches[0].grid[0] > shape[0]
+        for _ in range(3):
+            check_norm("group_norm", prob, sched, rng)
+
+
+def test_nhwc_without_gamma_beta(emu, rng):
+    for gamma, beta in ((False, False), (True, False), (False, True)):
+        check_norm("group_norm", nhwc_problem((2, 16, 3, 5), 4, gamma=gamma, beta=beta), None, rng)
+
+
+def test_nhwc_matches_nchw(emu, rng):
+    """The same data in both memory formats: the same values, each in its own order."""
+    prob = problem_of((2, 32, 5, 6), 8)
+    ins = OP.random_inputs(prob, rng)
+    y = jitops.group_norm(ins["x"], 8, ins["gamma"], ins["beta"])
+    x_nhwc = np.ascontiguousarray(ins["x"].transpose(0, 2, 3, 1))
+    y_nhwc = jitops.group_norm(x_nhwc, 8, ins["gamma"], ins["beta"], layout="nhwc")
+    assert y_nhwc.shape == (2, 5, 6, 32)
+    assert np.abs(y_nhwc.transpose(0, 3, 1, 2) - y).max() <= 4e-6 * np.abs(y).max()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("params", [dict(), dict(pixels_per_block=16)])
+def test_nhwc_large_offset(emu, dtype, params):
+    """1e4 + N(0, 1) (fp32; bf16: 1e4 + 16 N(0, 1)) through the NHWC statistics: every state is
+    relative to an element of its group, so the offset costs no precision (fp32: within 1e-6 of a
+    float64 two-pass, recovered from the output)."""
+    from jitops.ops import group_norm_nhwc
+    from test_layer_norm import bf16_offset_data
+    rng = np.random.default_rng(13)
+    prob = nhwc_problem((2, 16, 16, 16), 2, dtype, gamma=False, beta=False)
+    shape = prob.inputs()["x"].storage_shape
+    x = (1e4 + rng.standard_normal(shape)).astype(np.float32) if dtype == "float32" else bf16_offset_data(rng, shape)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "nhwc", **params)
+    y = check_norm("group_norm", prob, sched, rng, ins={"x": x}, tol=4e-6 if dtype == "float32" else None)
+    if dtype == "float32":
+        rows = np.moveaxis(x, 3, 1).reshape(4, -1)
+        mean, var = recovered_stats(rows, np.moveaxis(y, 3, 1).reshape(4, -1), prob.eps)
+        xd = rows.astype(np.float64)
+        assert np.abs(var / xd.var(axis=1) - 1).max() <= 1e-6
+        assert np.abs(mean / xd.mean(axis=1) - 1).max() <= 1e-6
+
+
+def test_nhwc_torch_channels_last(emu):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 24, 5, 7).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    g, b = torch.randn(24), torch.randn(24)
+    y = jitops.group_norm(x, 6, g, b)
+    assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+    ref = torch.nn.functional.group_norm(x.double(), 6, g.double(), b.double())
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) <= 5e-3
+
+
+def test_nhwc_refuses_row_kernels(emu):
+    x = np.ones((2, 4, 4, 8), np.float32)
+    with pytest.raises(jitops.ScheduleError, match="nhwc"):
+        jitops.group_norm(x, 2, None, None, layout="nhwc", schedule="block")
+    with pytest.raises(jitops.ArgumentError, match="layout"):
+        jitops.group_norm(x, 2, None, None, layout="nchwc")
+
+
+def test_nhwc_more_groups_than_threads(emu, rng):
+    """One channel per group (instance norm), 96 groups, a block of one warp: the last block's
+    merge threads each take several groups; several chunks per sample."""
+    from jitops.ops import group_norm_nhwc
+    prob = nhwc_problem((2, 96, 5, 5), 96)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "nhwc", threads=emu.device.warp_size, pixels_per_block=3)
+    assert get_op("group_norm").plan(prob, sched, emu.device).launches[0].block[0] < 96
+    for _ in range(2):
+        check_norm("group_norm", prob, sched, rng)
+
+
+def test_parse_problem_layout():
+    """`jitops compile group_norm ... layout=nhwc` (x is the logical N x C x H x W shape)."""
+    prob = OP.parse_problem({"x": "2x8x3x5", "num_groups": "2", "layout": "nhwc", "dtype": "bfloat16"})
+    assert prob.layout == "nhwc" and prob.inputs()["x"].storage_shape == (2, 3, 5, 8)
+    assert OP.parse_problem({"x": "2x8x3x5", "num_groups": "2"}).layout == ""
+    with pytest.raises(jitops.ArgumentError, match="layout"):
+        OP.parse_problem({"x": "2x8x15", "num_groups": "2", "layout": "nhwc"})
+    bn = get_op("batch_norm").parse_problem({"x": "2x8x3x5", "layout": "nhwc"})
+    assert bn.layout == "nhwc" and bn.stride_plane == 1
+
+
+def test_nhwc_misaligned_views(emu, rng):
+    """x 2 bytes past a 16-byte boundary: the stats kernel loads element by element, the apply
+    kernel takes its scalar path (per-sample coefficients there too)."""
+    shape = (2, 4, 5, 16)                                    # N, H, W, C
+    base = (rng.standard_normal(int(np.prod(shape)) + 1) * 2 + 0.5).astype(np.float16)
+    x = base[1:].reshape(shape)
+    prob = nhwc_problem((2, 16, 4, 5), 4, "float16", "float32")
+    ins = OP.random_inputs(prob, rng)
+    ins["x"] = x
+    check_norm("group_norm", prob, None, rng, ins=ins)

@@ -20,14 +20,16 @@ from conftest import rel_error
 
 def norm_call(op_name: str, problem: Any, ins: Mapping[str, Any], out: Any = None,
               schedule: Schedule | str | None = None) -> Any:
-    """The public API call for a problem of any of the four norm ops."""
+    """The public API call for a problem of any of the four norm ops (numpy arrays of an NHWC
+    problem are passed in storage order with layout="nhwc")."""
+    layout = getattr(problem, "layout", "") or None
     if op_name == "batch_norm":
         return jitops.batch_norm(ins["x"], ins["mean"], ins["var"], ins.get("gamma"), ins.get("beta"),
                                  eps=problem.eps, activation=problem.activation, alpha=problem.alpha or 0.01,
-                                 out=out, schedule=schedule)
+                                 layout=layout, out=out, schedule=schedule)
     if op_name == "group_norm":
         return jitops.group_norm(ins["x"], problem.groups, ins.get("gamma"), ins.get("beta"), eps=problem.eps,
-                                 out=out, schedule=schedule)
+                                 layout=layout, out=out, schedule=schedule)
     if op_name == "layer_norm":
         return jitops.layer_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), ins.get("beta"),
                                  eps=problem.eps, out=out, schedule=schedule)
@@ -41,7 +43,7 @@ def check_norm(op_name: str, problem: Any, schedule: Schedule | str | None, rng:
     op = get_op(op_name)
     ins = dict(ins) if ins is not None else op.random_inputs(problem, rng)
     ref = op.reference(problem, ins)["y"]
-    out = np.full(problem.shape, np.nan, dtype=problem.dtype)
+    out = np.full(problem.inputs()["x"].storage_shape, np.nan, dtype=problem.dtype)
     y = norm_call(op_name, problem, ins, out=out, schedule=schedule)
     assert y is out
     assert not np.isnan(y).any(), f"{problem.shape} {schedule}: elements left unwritten"
@@ -63,6 +65,13 @@ def recovered_stats(x: np.ndarray, y: np.ndarray, eps: float) -> tuple[np.ndarra
     slope = ((xd - xm) * yd).sum(axis=1) / ((xd - xm) ** 2).sum(axis=1)
     mean = xm[:, 0] - yd.mean(axis=1) / slope
     return mean, 1.0 / slope ** 2 - eps
+
+
+def bf16_offset_data(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Large-offset data that bf16 can still tell apart: 1e4 + 16 N(0, 1) (bf16 spacing is 64 at
+    1e4, so a handful of distinct values, offset / spread ~ 300). An unshifted fp32 sum of squares
+    loses the variance here; fp32 statistics shifted by an element of the row do not."""
+    return (1e4 + 16 * rng.standard_normal(shape)).astype("bfloat16")
 
 
 def problem_of(shape, nshape, dtype="float32", ptype=None, gamma=True, beta=True, eps=1e-5):
@@ -217,3 +226,40 @@ def test_errors(call, match):
     g = np.ones(16, np.float32)
     with pytest.raises(jitops.JitopsError, match=match):
         call(x, g)
+
+
+# ---- bfloat16 (issue 18): tolerances from bf16's 8 significant bits (norm_common.row_tolerance)
+
+@pytest.mark.parametrize("algorithm", [None, "warp", "block", "stream", "split", "naive"])
+def test_bf16(emu, rng, algorithm):
+    """bf16 activations with fp32 parameters (mixed precision as models keep them) and with bf16
+    parameters; fp32 statistics."""
+    check_norm("layer_norm", problem_of((3, 2, 200), (2, 200), "bfloat16", "float32"), algorithm, rng)
+    if algorithm in (None, "naive"):
+        check_norm("layer_norm", problem_of((7, 96), 96, "bfloat16", "bfloat16"), algorithm, rng)
+
+
+@pytest.mark.parametrize("algorithm", ["warp", "block", "stream", "split"])
+def test_bf16_large_offset(emu, algorithm):
+    rng = np.random.default_rng(5)
+    length = 256 if algorithm == "warp" else 2048
+    x = bf16_offset_data(rng, (3, length))
+    prob = problem_of(x.shape, length, "bfloat16", gamma=False, beta=False)
+    y = check_norm("layer_norm", prob, algorithm, rng, ins={"x": x})
+    assert np.abs(np.asarray(y, np.float64)).max() > 1.0     # normalized, not flattened to zero
+
+
+def test_bf16_refuses_fp16_parameters(rng):
+    x = np.ones((3, 16), "bfloat16")
+    with pytest.raises(jitops.ArgumentError, match="gamma"):
+        jitops.layer_norm(x, 16, np.ones(16, np.float16))
+
+
+def test_bf16_torch_tensors(emu):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(5, 64).to(torch.bfloat16)
+    g = torch.randn(64)
+    y = jitops.layer_norm(t, 64, g)
+    assert y.dtype == torch.bfloat16
+    ref = torch.nn.functional.layer_norm(t.double(), (64,), g.double())
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) <= 5e-3

@@ -97,3 +97,36 @@ def test_device_array(emu, rng):
     dy = jitops.leaky_relu(dx, 0.1)
     assert isinstance(dy, jitops.DeviceArray)
     assert rel_error(dy.numpy(), reference(x, 0.1)) <= TOL["float32"]
+
+
+# ---- bfloat16 and channels_last (issue 18): bf16 keeps 8 significant bits, one rounding of
+# alpha * x is at most 2^-8 (3.9e-3) relative.
+
+@pytest.mark.parametrize("algorithm", ["vectorized", "naive"])
+def test_bf16_sizes(emu, rng, algorithm):
+    for n in SIZES:
+        x = rng.standard_normal(n).astype("bfloat16")
+        out = np.full(n, np.nan, dtype="bfloat16")
+        y = jitops.leaky_relu(x, 0.2, out=out, schedule=algorithm)
+        assert not np.isnan(np.asarray(y, np.float32)).any(), f"n={n}: elements left unwritten"
+        assert rel_error(y, reference(x, 0.2)) <= 4e-3, f"n={n}"
+    # positive values pass through bit for bit
+    pos = np.abs(x) + np.asarray(1, "bfloat16")
+    assert (jitops.leaky_relu(pos, 0.2).view(np.uint16) == pos.view(np.uint16)).all()
+
+
+def test_nhwc_arrays_keep_their_layout(emu, rng):
+    x = rng.standard_normal((2, 5, 7, 3)).astype(np.float16)      # N, H, W, C
+    y = jitops.leaky_relu(x, 0.1, layout="nhwc")
+    assert y.shape == (2, 5, 7, 3)
+    assert rel_error(y, reference(x, 0.1)) <= TOL["float16"]
+    with pytest.raises(jitops.ArgumentError, match="layout"):
+        jitops.leaky_relu(x, 0.1, layout="chw")
+
+
+def test_torch_channels_last_bf16(emu):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 6, 5, 7).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    y = jitops.leaky_relu(x, 0.1)
+    assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y, torch.nn.functional.leaky_relu(x, 0.1))

@@ -85,3 +85,19 @@ def test_errors(call, match):
     g = np.ones(16, np.float32)
     with pytest.raises(jitops.JitopsError, match=match):
         call(x, g)
+
+
+# ---- bfloat16 (issue 18)
+
+@pytest.mark.parametrize("algorithm", [None, "warp", "block", "stream", "split", "naive"])
+def test_bf16(emu, rng, algorithm):
+    check_norm("rms_norm", problem_of((3, 2, 200), (2, 200), "bfloat16", "float32"), algorithm, rng)
+    if algorithm in (None, "naive"):
+        check_norm("rms_norm", problem_of((7, 96), 96, "bfloat16", "bfloat16"), algorithm, rng)
+
+
+def test_bf16_large_offset(emu):
+    from test_layer_norm import bf16_offset_data
+    rng = np.random.default_rng(3)
+    x = bf16_offset_data(rng, (3, 1024))
+    check_norm("rms_norm", problem_of(x.shape, 1024, "bfloat16", gamma=False), None, rng, ins={"x": x})

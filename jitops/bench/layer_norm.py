@@ -1,5 +1,6 @@
 """layer_norm cases: 4096 x 4096 and tokens x hidden (8192 tokens, hidden 1024 ... 8192), fp32
-and fp16, against torch.nn.functional.layer_norm; every algorithm when ctx.algorithms == "all".
+and fp16, bf16 (fp32 parameters), against torch.nn.functional.layer_norm; every algorithm when
+ctx.algorithms == "all".
 
 The helpers here (norm_cases) build the cases of all four norm benchmarks: inputs made on the
 device, a float64 reference computed there too, the output poisoned with NaN before the check.
@@ -65,18 +66,23 @@ def torch_inputs(ctx: Context, op_name: str, problem: Any) -> dict[str, Any]:
             t = torch.randn(spec.shape, device=DEVICE, dtype=torch.float32).mul_(0.5).add_(1.0)
         else:
             t = torch.randn(spec.shape, device=DEVICE, dtype=torch.float32).mul_(0.3)
-        out[name] = t.to(dt)
+        t = t.to(dt)
+        if spec.layout == "nhwc":       # channels_last: torch and jitops get the same strided tensor
+            t = t.contiguous(memory_format=torch.channels_last)
+        out[name] = t
     return out
 
 
 def call(op_name: str, problem: Any, ins: dict[str, Any], out: Any = None, schedule: str | None = None) -> Any:
+    # numpy arrays of an NHWC problem are in storage order: say so (torch tensors carry it)
+    layout = "nhwc" if getattr(problem, "layout", "") == "nhwc" and isinstance(ins["x"], np.ndarray) else None
     if op_name == "batch_norm":
         return jitops.batch_norm(ins["x"], ins["mean"], ins["var"], ins.get("gamma"), ins.get("beta"),
                                  eps=problem.eps, activation=problem.activation, alpha=problem.alpha or 0.01,
-                                 out=out, schedule=schedule)
+                                 layout=layout, out=out, schedule=schedule)
     if op_name == "group_norm":
         return jitops.group_norm(ins["x"], problem.groups, ins.get("gamma"), ins.get("beta"), eps=problem.eps,
-                                 out=out, schedule=schedule)
+                                 layout=layout, out=out, schedule=schedule)
     if op_name == "layer_norm":
         return jitops.layer_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), ins.get("beta"),
                                  eps=problem.eps, out=out, schedule=schedule)
@@ -87,7 +93,7 @@ def call(op_name: str, problem: Any, ins: dict[str, Any], out: Any = None, sched
 def torch_reference(op_name: str, problem: Any, ins: dict[str, Any]) -> Any:
     """float64 on the device: the definition, not torch's kernels."""
     x = ins["x"].double()
-    p = {n: t.double() for n, t in ins.items() if n != "x"}
+    p = {n: t.double() for n, t in ins.items() if n != "x" and not n.startswith("_")}
     if op_name == "batch_norm":
         shape = (1, -1) + (1,) * (x.dim() - 2)
         y = (x - p["mean"].view(shape)) / (p["var"].view(shape) + problem.eps).sqrt()
@@ -129,7 +135,7 @@ def gpu_case(ctx: Context, op_name: str, problem: Any, label: str, variant: str,
     torch = ctx.torch
     op = get_op(op_name)
     ins = torch_inputs(ctx, op_name, problem)
-    out = torch.empty(problem.shape, device=DEVICE, dtype=getattr(torch, problem.dtype))
+    out = torch.empty_like(ins["x"])            # x's memory format (channels_last for NHWC problems)
     forced = None if variant == "heuristic" else variant
     device = jitops.get_backend().device
 
@@ -153,16 +159,17 @@ def cpu_case(ctx: Context, op_name: str, problem: Any, label: str, variant: str)
     op = get_op(op_name)
     ins = op.random_inputs(problem, ctx.rng)
     ref = op.reference(problem, ins)["y"]
-    out = np.empty(problem.shape, dtype=problem.dtype)
+    out = np.empty(problem.inputs()["x"].storage_shape, dtype=problem.dtype)
     forced = None if variant == "heuristic" else variant
     device = jitops.get_backend().device
 
     def check() -> float:
         out.fill(np.nan)
         call(op_name, problem, ins, out=out, schedule=forced)
-        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        got = np.asarray(out, np.float64)
+        err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
         tol = op.tolerance(problem, op.heuristic(problem, device, forced))[0]
-        assert err <= tol and not np.isnan(out).any(), f"error {err:.3g} > {tol:.3g} (or NaN left in output)"
+        assert err <= tol and not np.isnan(got).any(), f"error {err:.3g} > {tol:.3g} (or NaN left in output)"
         return err
 
     return Case(op_name, label, variant, jitops=lambda: call(op_name, problem, ins, schedule=forced), check=check,
@@ -182,17 +189,27 @@ def norm_cases(ctx: Context, op_name: str, problems: list[tuple[str, Any]], algo
 ROW_ALGORITHMS = ("warp", "block", "stream", "split", "naive")
 
 
+def like_x(ins: dict[str, Any], name: str) -> Any:
+    """ins[name] in x's dtype for a vendor op that wants one dtype, converted on first use and kept
+    (under a private key, so the timed calls do not convert)."""
+    key = f"_{name}_like_x"
+    if key not in ins:
+        t = ins.get(name)
+        ins[key] = t.to(ins["x"].dtype) if t is not None else None
+    return ins[key]
+
+
 def problems(ctx: Context) -> list[tuple[str, Any]]:
     op = get_op("layer_norm")
     if not ctx.on_gpu:
         shapes = [((64, 1024), "float32")] if ctx.quick else [((64, 1024), "float32"), ((16, 4096), "float16")]
     else:
         hidden = (1024, 4096) if ctx.quick else HIDDEN
-        shapes = [((4096, 4096), dt) for dt in ("float32", "float16")]
-        shapes += [((TOKENS, h), dt) for dt in ("float32", "float16") for h in hidden]
+        shapes = [((4096, 4096), dt) for dt in ("float32", "float16", "bfloat16")]
+        shapes += [((TOKENS, h), dt) for dt in ("float32", "float16", "bfloat16") for h in hidden]
     out = []
     for shape, dtype in shapes:
-        p = TensorSpec((shape[-1],), dtype)
+        p = TensorSpec((shape[-1],), "float32" if dtype == "bfloat16" else dtype)   # bf16: fp32 weights
         prob = op.make_problem({"x": TensorSpec(shape, dtype), "gamma": p, "beta": p}, {"normalized_shape": shape[-1]})
         out.append((f"{shape[0]}x{shape[1]} {dtype}", prob))
     return out
@@ -201,6 +218,7 @@ def problems(ctx: Context) -> list[tuple[str, Any]]:
 def cases(ctx: Context) -> Iterator[Case]:
     def vendor(problem: Any) -> Callable[[dict[str, Any]], Any]:
         f = ctx.torch.nn.functional.layer_norm
-        return lambda ins: f(ins["x"], problem.normalized_shape, ins["gamma"], ins["beta"], problem.eps)
+        # torch gets gamma / beta in x's dtype (bf16 rows: a bf16 copy of the fp32 weights, made once)
+        return lambda ins: f(ins["x"], problem.normalized_shape, like_x(ins, "gamma"), like_x(ins, "beta"), problem.eps)
 
     yield from norm_cases(ctx, "layer_norm", problems(ctx), ROW_ALGORITHMS, vendor)

@@ -6,6 +6,10 @@ channel planes, contiguous, so it is a "row" of (C/G) * plane elements for the r
 (norm_common), with parameters looked up per channel (compile-time plane size: no division at
 run time). Seed 000 section 6 is the baseline (`naive`); the split path writes per-plane
 coefficients that batch_norm's affine kernel applies.
+
+fp32, fp16 or bf16 x (fp32 statistics), parameters in x's dtype or fp32. A channels_last x (or a
+layout="nhwc" array) is read in place by the NHWC kernels (group_norm_nhwc) and the output keeps
+that format.
 """
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import numpy as np
 
 from ..device import DeviceInfo
 from ..errors import ArgumentError
+from . import group_norm_nhwc as nhwc
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_common import (RowSpec, check_eps, check_input, layer_reference, param_dtype, prod, require_tensor,
-                          row_candidates, row_heuristic, row_plan, row_tolerance)
+from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
+from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
 
 NAME = "group_norm"
 INPUTS = ("x", "gamma", "beta")
+LAYOUT_INPUTS = ("x",)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class GroupNormProblem:
     has_gamma: bool
     has_beta: bool
     eps: float
+    layout: str = ""          # "nhwc": x stored N, H, W, C
 
     @property
     def channels(self) -> int:
@@ -43,7 +50,7 @@ class GroupNormProblem:
         return prod(self.shape[2:])
 
     def inputs(self) -> dict[str, TensorSpec]:
-        out = {"x": TensorSpec(self.shape, self.dtype)}
+        out = {"x": TensorSpec(self.shape, self.dtype, self.layout)}
         if self.has_gamma:
             out["gamma"] = TensorSpec((self.channels,), self.ptype)
         if self.has_beta:
@@ -51,17 +58,18 @@ class GroupNormProblem:
         return out
 
     def outputs(self) -> dict[str, TensorSpec]:
-        return {"y": TensorSpec(self.shape, self.dtype)}
+        return {"y": TensorSpec(self.shape, self.dtype, self.layout)}
 
     def key(self) -> str:
-        flat = {n: (TensorSpec((self.shape[0], self.channels, self.plane), s.dtype) if n == "x" else s)
+        flat = {n: (TensorSpec((self.shape[0], self.channels, self.plane), s.dtype, self.layout) if n == "x" else s)
                 for n, s in self.inputs().items()}
         return problem_key(NAME, flat, {"num_groups": self.groups, "eps": self.eps})
 
     def row_spec(self) -> RowSpec:
         cpg = self.channels // self.groups
         return RowSpec(NAME, "layer", self.shape[0] * self.groups, cpg * self.plane, self.dtype, self.ptype,
-                       self.has_gamma, self.has_beta, self.eps, groups=self.groups, cpg=cpg, plane=self.plane)
+                       self.has_gamma, self.has_beta, self.eps, groups=self.groups, cpg=cpg, plane=self.plane,
+                       nhwc=self.layout == "nhwc")
 
     def bytes_moved(self) -> int:
         params = (self.has_gamma + self.has_beta) * self.channels * ITEMSIZE[self.ptype]
@@ -82,32 +90,42 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
     ptype = param_dtype(NAME, {"gamma": gamma, "beta": beta}, (channels,), x)
     eps = check_eps(NAME, attrs.get("eps", 1e-5))
     return GroupNormProblem(tuple(int(s) for s in x.shape), x.dtype, groups, ptype, gamma is not None,
-                            beta is not None, eps)
+                            beta is not None, eps, x.layout)
 
 
 def parse_problem(spec: Mapping[str, str]) -> GroupNormProblem:
-    """CLI: x=256x64x56x56 num_groups=32 [dtype=float16] [ptype=float32] [affine=false] [eps=1e-5]."""
-    extra = set(spec) - {"x", "num_groups", "dtype", "ptype", "affine", "eps"}
+    """CLI: x=256x64x56x56 num_groups=32 [dtype=float16] [ptype=float32] [affine=false] [eps=1e-5]
+    [layout=nhwc] (x is the logical N x C x H x W shape either way)."""
+    extra = set(spec) - {"x", "num_groups", "dtype", "ptype", "affine", "eps", "layout"}
     if extra:
-        raise ArgumentError(sorted(extra)[0], "one of x, num_groups, dtype, ptype, affine, eps", op=NAME)
+        raise ArgumentError(sorted(extra)[0], "one of x, num_groups, dtype, ptype, affine, eps, layout", op=NAME)
+    layout = spec.get("layout", "nchw")
     shape = parse_shape(spec.get("x", "256x64x56x56"))
     dtype = spec.get("dtype", "float32")
     affine = parse_value(spec.get("affine", "true")) is True
     p = TensorSpec((shape[1] if len(shape) > 1 else 0,), spec.get("ptype", dtype)) if affine else None
-    return make_problem({"x": TensorSpec(shape, dtype), "gamma": p, "beta": p},
+    if layout not in ("nchw", "nhwc") or (layout == "nhwc" and len(shape) != 4):
+        raise ArgumentError("layout", "nchw, or nhwc with a 4-d x", layout, op=NAME)
+    return make_problem({"x": TensorSpec(shape, dtype, "" if layout == "nchw" else layout), "gamma": p, "beta": p},
                         {"num_groups": parse_value(spec.get("num_groups", "32")),
                          "eps": float(spec.get("eps", 1e-5))})
 
 
 def heuristic(problem: GroupNormProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
+    if problem.layout == "nhwc":
+        return nhwc.heuristic(problem, device, algorithm)
     return row_heuristic(problem.row_spec(), device, algorithm)
 
 
 def candidates(problem: GroupNormProblem, device: DeviceInfo) -> list[Schedule]:
+    if problem.layout == "nhwc":
+        return nhwc.candidates(problem, device)
     return row_candidates(problem.row_spec(), device)
 
 
 def plan(problem: GroupNormProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    if problem.layout == "nhwc":
+        return nhwc.plan(problem, schedule, device)
     return row_plan(problem.row_spec(), schedule, device, "y")
 
 
@@ -139,22 +157,34 @@ def variants(device: DeviceInfo) -> list[tuple[GroupNormProblem, Schedule]]:
     bare = make_problem({"x": TensorSpec((2, 32, 8, 8), "float32")}, {"num_groups": 4})
     for alg in ("naive", "block", "split"):
         out.append((bare, row_heuristic(bare.row_spec(), device, alg)))
-    return out
+    return out + nhwc.variants(_nhwc_problem, device)
+
+
+def _nhwc_problem(shape: tuple[int, ...], dtype: str, ptype: str, groups: int) -> GroupNormProblem:
+    p = TensorSpec((shape[1],), ptype)
+    return make_problem({"x": TensorSpec(shape, dtype, "nhwc"), "gamma": p, "beta": p}, {"num_groups": groups})
 
 
 def reference(problem: GroupNormProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float64; x and y in storage order ((N, H, W, C) for "nhwc")."""
     n, c = problem.shape[0], problem.channels
     spec = problem.row_spec()
-    y = layer_reference(inputs["x"], spec.rows, spec.length, problem.eps, rms=False).reshape(n, c, -1)
+    x = np.asarray(inputs["x"], np.float64)
+    if problem.layout == "nhwc":
+        x = np.moveaxis(x, 3, 1)
+    y = layer_reference(np.ascontiguousarray(x), spec.rows, spec.length, problem.eps, rms=False).reshape(n, c, -1)
     if problem.has_gamma:
         y = y * np.asarray(inputs["gamma"], np.float64).reshape(1, c, 1)
     if problem.has_beta:
         y = y + np.asarray(inputs["beta"], np.float64).reshape(1, c, 1)
-    return {"y": y.reshape(problem.shape)}
+    y = y.reshape(problem.shape)
+    return {"y": np.ascontiguousarray(np.moveaxis(y, 1, 3)) if problem.layout == "nhwc" else y}
 
 
 def random_inputs(problem: GroupNormProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = {"x": (rng.standard_normal(problem.shape) * 2.0 + 0.5).astype(problem.dtype)}
+    """x in storage order ((N, H, W, C) for "nhwc")."""
+    shape = problem.inputs()["x"].storage_shape
+    out = {"x": (rng.standard_normal(shape) * 2.0 + 0.5).astype(problem.dtype)}
     if problem.has_gamma:
         out["gamma"] = (1.0 + 0.5 * rng.standard_normal(problem.channels)).astype(problem.ptype)
     if problem.has_beta:

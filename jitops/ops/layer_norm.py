@@ -1,6 +1,6 @@
 """layer_norm: y = (x - mean) / sqrt(var + eps) * gamma + beta over the trailing dims.
 
-fp32 or fp16 input, fp32 statistics; gamma/beta optional, shaped like `normalized_shape`, in
+fp32, fp16 or bf16 input, fp32 statistics; gamma/beta optional, shaped like `normalized_shape`, in
 the input's dtype or float32. The row scheduler (norm_common) picks warp / block / stream /
 split kernels and the statistics; `naive` is the baseline.
 """
@@ -14,8 +14,8 @@ import numpy as np
 from ..device import DeviceInfo
 from ..errors import ArgumentError
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_common import (RowSpec, check_eps, check_input, layer_reference, normalized_dims, param_dtype, prod,
-                          require_tensor, row_candidates, row_heuristic, row_plan, row_tolerance)
+from .norm_args import check_eps, check_input, normalized_dims, param_dtype, prod, require_tensor
+from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
 
 NAME = "layer_norm"
 INPUTS = ("x", "gamma", "beta")
@@ -127,6 +127,11 @@ def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
     bare = make_problem({"x": TensorSpec((8, 3, 100), "float32")}, {"normalized_shape": (3, 100)})
     out.append((bare, row_heuristic(bare.row_spec(), device)))
     out.append((bare, row_heuristic(bare.row_spec(), device, "naive")))
+    # bf16 activations with fp32 parameters (the row family's one bf16 representative).
+    p32 = TensorSpec((1024,), "float32")
+    bf16 = make_problem({"x": TensorSpec((64, 1024), "bfloat16"), "gamma": p32, "beta": p32},
+                        {"normalized_shape": 1024})
+    out.append((bf16, row_heuristic(bf16.row_spec(), device)))
     only_gamma = make_problem({"x": TensorSpec((8, 100), "float32"), "gamma": TensorSpec((100,), "float32")},
                               {"normalized_shape": 100})
     out.append((only_gamma, row_heuristic(only_gamma.row_spec(), device, "block", tpr=device.warp_size * 2)))

@@ -1,4 +1,7 @@
-"""leaky_relu: y = x if x > 0 else alpha * x, elementwise, fp32 or fp16.
+"""leaky_relu: y = x if x > 0 else alpha * x, elementwise, fp32, fp16 or bf16.
+
+Any memory format: the kernel walks the dense storage, so a channels_last tensor (or an array
+declared layout="nhwc") runs the same kernel and its output keeps that format.
 
 Memory-bound: the schedule's job is to keep enough 16-byte accesses in flight. Choices: vector
 width, vectors per thread (loads issued before use), block size, a grid-stride cap for huge
@@ -13,11 +16,13 @@ import numpy as np
 
 from ..device import DeviceInfo
 from ..errors import ArgumentError, ScheduleError
-from .base import (C_TYPE, ITEMSIZE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, ceil_div,
-                   index_type, parse_shape, problem_key, require_dtype)
+from .base import (C_TYPE, FLOAT_DTYPES, ITEMSIZE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec,
+                   ceil_div, index_type, parse_shape, problem_key, require_dtype)
 
 NAME = "leaky_relu"
 INPUTS = ("x",)
+LAYOUT_INPUTS = ("x",)      # elementwise: any dense memory format, kept by the output
+DTYPES = FLOAT_DTYPES + ("bfloat16",)
 ALGORITHMS = ("vectorized", "naive")
 TEMPLATES = {"naive": "leaky_relu/naive.hip.j2", "vectorized": "leaky_relu/vectorized.hip.j2"}
 
@@ -27,19 +32,20 @@ class LeakyReluProblem:
     shape: tuple[int, ...]
     dtype: str
     alpha: float
+    layout: str = ""          # "nhwc": a channels_last (N, C, H, W) tensor; the kernel does not care
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
 
     def inputs(self) -> dict[str, TensorSpec]:
-        return {"x": TensorSpec(self.shape, self.dtype)}
+        return {"x": TensorSpec(self.shape, self.dtype, self.layout)}
 
     def outputs(self) -> dict[str, TensorSpec]:
-        return {"y": TensorSpec(self.shape, self.dtype)}
+        return {"y": TensorSpec(self.shape, self.dtype, self.layout)}
 
     def key(self) -> str:
-        # Records key on the element count: leaky_relu does not care about the shape.
+        # Records key on the element count: leaky_relu does not care about the shape or the layout.
         return problem_key(NAME, {"x": TensorSpec((self.numel,), self.dtype)}, {})
 
     def bytes_moved(self) -> int:
@@ -50,14 +56,14 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
     x = inputs.get("x")
     if x is None:
         raise ArgumentError("x", "a tensor", None, op=NAME)
-    require_dtype(NAME, "x", x)
+    require_dtype(NAME, "x", x, DTYPES)
     alpha = attrs.get("alpha", 0.01)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
         raise ArgumentError("alpha", "a real number", repr(alpha), op=NAME)
     alpha = float(alpha)
     if not np.isfinite(alpha):
         raise ArgumentError("alpha", "a finite number", alpha, op=NAME)
-    return LeakyReluProblem(tuple(int(s) for s in x.shape), x.dtype, alpha)
+    return LeakyReluProblem(tuple(int(s) for s in x.shape), x.dtype, alpha, x.layout)
 
 
 def parse_problem(spec: Mapping[str, str]) -> LeakyReluProblem:
@@ -174,6 +180,8 @@ def variants(device: DeviceInfo) -> list[tuple[LeakyReluProblem, Schedule]]:
         out.append((p, _vectorized(p, device, vec, 4, 256, 0)))
         out.append((p, _vectorized(p, device, vec, 2, 128, 1, streaming=True)))      # grid-stride, streaming
         out.append((p, Schedule.make("vectorized", vec=vec, unroll=1, block=256, waves=0, index="int64")))
+    # bf16 / NHWC: the same template with jt_bf16 (the row-norm and group-norm variants compile
+    # bf16 vectors; the emulator tests run this one), so no extra compile here (CI time)
     return out
 
 
@@ -183,12 +191,15 @@ def reference(problem: LeakyReluProblem, inputs: Mapping[str, np.ndarray]) -> di
 
 
 def random_inputs(problem: LeakyReluProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return {"x": rng.standard_normal(problem.shape).astype(problem.dtype)}
+    """x in storage order ((N, H, W, C) for "nhwc"): what the kernel and the reference see."""
+    shape = problem.inputs()["x"].storage_shape
+    return {"x": rng.standard_normal(shape).astype(problem.dtype)}
 
 
 def tolerance(problem: LeakyReluProblem, schedule: Schedule) -> tuple[float, float]:
-    # One multiply, rounded once to the output type.
-    return (1e-6, 0.0) if problem.dtype == "float32" else (1e-3, 1e-6)
+    # One multiply, rounded once to the output type: half an ulp relative, 2^-24 (fp32), 2^-11
+    # (fp16), 2^-8 = 3.9e-3 (bf16: 8 significant bits).
+    return {"float32": (1e-6, 0.0), "float16": (1e-3, 1e-6), "bfloat16": (5e-3, 1e-6)}[problem.dtype]
 
 
 def bytes_moved(problem: LeakyReluProblem) -> int:

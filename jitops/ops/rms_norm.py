@@ -1,6 +1,6 @@
 """rms_norm: y = x / sqrt(mean(x^2) + eps) * gamma over the trailing dims.
 
-fp32 or fp16 input, fp32 accumulation; gamma optional, shaped like `normalized_shape`, in the
+fp32, fp16 or bf16 input, fp32 accumulation; gamma optional, shaped like `normalized_shape`, in the
 input's dtype or float32. Same row scheduler as layer_norm (norm_common); the statistic is a plain
 sum of squares (nothing to cancel, so one pass is exact enough). `naive` is the baseline.
 """
@@ -14,8 +14,8 @@ import numpy as np
 from ..device import DeviceInfo
 from ..errors import ArgumentError
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_common import (RowSpec, check_eps, check_input, layer_reference, normalized_dims, param_dtype, prod,
-                          require_tensor, row_candidates, row_heuristic, row_plan, row_tolerance)
+from .norm_args import check_eps, check_input, normalized_dims, param_dtype, prod, require_tensor
+from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
 
 NAME = "rms_norm"
 INPUTS = ("x", "gamma")
