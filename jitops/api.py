@@ -33,16 +33,18 @@ def leaky_relu(x: Any, alpha: float = 0.01, *, out: Any = None, schedule: Schedu
 
 def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
            dilation: IntOrPair = 1, groups: int = 1, activation: str | None = None, alpha: float = 0.01, *,
-           out: Any = None, schedule: ScheduleArg = None) -> Any:
+           residual: Any = None, out: Any = None, schedule: ScheduleArg = None) -> Any:
     """2-D convolution, NCHW input and OIHW weights, fp32 or fp16 (fp32 accumulation).
 
     padding: an int, a pair (h, w) or four values (top, left, bottom, right) as in ONNX.
     activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.
+    residual: an array shaped like the output, added before the activation
+    (y = act(conv + bias + residual): ResNet's Add + Relu in one kernel on the matrix cores).
     """
     if out is None and schedule is None and (y := repeat_call(
-            "conv2d", (x, w, bias), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
+            "conv2d", (x, w, bias, residual), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
         return y
-    return engine.run("conv2d", {"x": x, "w": w, "bias": bias},
+    return engine.run("conv2d", {"x": x, "w": w, "bias": bias, "residual": residual},
                       {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
                        "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
 

@@ -12,17 +12,20 @@ Algorithms (schedule.algorithm):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
+from . import conv2d_mma as mma
 from . import conv2d_winograd as wino
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
 from .conv2d_problem import Conv2dProblem
 
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
 WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
-ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4")
+ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
+              mma.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
 
 
@@ -275,9 +278,18 @@ def plan_winograd(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     return Plan(launches=(inp, gemm, out), workspaces=workspaces, prepare=(filt,))
 
 
-def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
-    if p.n == 0:
-        return Plan(launches=())
+def _residual_launch(p: Conv2dProblem) -> Launch:
+    total = p.n * p.cout * p.oh * p.ow
+    idx = _index(total)
+    params = {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": ELEMENTWISE_BLOCK, "activation": p.activation}
+    grid = (ceil_div(total, ELEMENTWISE_BLOCK),)
+    _check_grid(grid, "residual")
+    return Launch.make("conv2d/residual.hip.j2", "conv2d_residual", params, grid, (ELEMENTWISE_BLOCK,),
+                       (Buf("residual"), Buf("y"), Scalar("i32" if idx == "int" else "i64", total),
+                        Scalar("f32", p.alpha)))
+
+
+def _plan_simt(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if s.algorithm == "naive":
         return plan_naive(p, s, device)
     if s.algorithm == "direct":
@@ -287,3 +299,16 @@ def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if s.algorithm in WINOGRAD_M:
         return plan_winograd(p, s, device)
     raise ScheduleError(f"conv2d has no algorithm '{s.algorithm}' (choose from {', '.join(ALGORITHMS)})")
+
+
+def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    if p.n == 0:
+        return Plan(launches=())
+    if s.algorithm == mma.ALGORITHM:
+        return mma.plan_mma(p, s, device)
+    if not p.has_residual:
+        return _plan_simt(p, s, device)
+    # The SIMT kernels write conv + bias; a second kernel adds the residual and activates.
+    inner = _plan_simt(replace(p, has_residual=False, activation="none", alpha=0.0), s, device)
+    return Plan(launches=inner.launches + (_residual_launch(p),), workspaces=inner.workspaces,
+                prepare=inner.prepare)

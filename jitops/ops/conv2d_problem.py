@@ -37,6 +37,7 @@ class Conv2dProblem:
     has_bias: bool
     activation: str                         # "none" | "relu" | "leaky_relu"
     alpha: float
+    has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
 
     # ---- derived sizes
     @property
@@ -89,6 +90,8 @@ class Conv2dProblem:
                "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype)}
         if self.has_bias:
             out["bias"] = TensorSpec((self.cout,), self.dtype)
+        if self.has_residual:
+            out["residual"] = self.outputs()["y"]
         return out
 
     def outputs(self) -> dict[str, TensorSpec]:
@@ -109,6 +112,8 @@ class Conv2dProblem:
             s += f" dilation {self.dilation[0]},{self.dilation[1]}"
         if self.groups != 1:
             s += f" groups {self.groups}"
+        if self.has_residual:
+            s += " + residual"
         return s + f" {self.dtype}"
 
 
@@ -152,7 +157,7 @@ def _padding(value: Any) -> tuple[int, int, int, int]:
 
 
 def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> Conv2dProblem:
-    x, w, bias = inputs.get("x"), inputs.get("w"), inputs.get("bias")
+    x, w, bias, residual = inputs.get("x"), inputs.get("w"), inputs.get("bias"), inputs.get("residual")
     if x is None:
         raise ArgumentError("x", "an NCHW tensor", None, op=NAME)
     if w is None:
@@ -206,17 +211,22 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,
-                      float(alpha) if activation == "leaky_relu" else 0.0)
+                      float(alpha) if activation == "leaky_relu" else 0.0, residual is not None)
     if p.oh < 1 or p.ow < 1:
         raise ArgumentError("x", f"a padded input of at least the dilated kernel size "
                                  f"({extent[0] + 1}x{extent[1] + 1}); output would be {p.oh}x{p.ow}",
                             f"input {h}x{wd} with padding {pad}", op=NAME)
+    if residual is not None:
+        require_same_dtype(NAME, "residual", residual, x, "x")
+        if tuple(residual.shape) != (p.n, p.cout, p.oh, p.ow):
+            raise ArgumentError("residual", f"the output's shape ({p.n}, {p.cout}, {p.oh}, {p.ow})",
+                                f"shape {tuple(residual.shape)}", op=NAME)
     return p
 
 
 def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
     """`jitops compile conv2d x=1x64x56x56 w=128x64x3x3 padding=1 [bias=1] [dtype=float16] ...`"""
-    known = {"x", "w", "bias", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
+    known = {"x", "w", "bias", "residual", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
     extra = set(spec) - known
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(known))}", op=NAME)
@@ -228,6 +238,7 @@ def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
     bias_flag = str(spec.get("bias", "0")).lower() in ("1", "true", "yes")
     bias = TensorSpec((w.shape[0],), dtype) if bias_flag and len(w.shape) == 4 else None
     attrs: dict[str, Any] = {}
+    residual_flag = str(spec.get("residual", "0")).lower() in ("1", "true", "yes")
     for key in ("stride", "padding", "dilation", "groups"):
         if key in spec:
             attrs[key] = parse_value(spec[key])
@@ -235,4 +246,7 @@ def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
         attrs["activation"] = None if spec["activation"] in ("none", "None") else spec["activation"]
     if "alpha" in spec:
         attrs["alpha"] = float(spec["alpha"])
-    return make_problem({"x": x, "w": w, "bias": bias}, attrs)
+    p = make_problem({"x": x, "w": w, "bias": bias}, attrs)
+    if residual_flag:
+        p = make_problem({"x": x, "w": w, "bias": bias, "residual": p.outputs()["y"]}, attrs)
+    return p

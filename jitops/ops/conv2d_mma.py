@@ -1,0 +1,189 @@
+"""conv2d on the matrix cores: implicit GEMM with NHWC activations (templates/conv2d/mma.hip.j2).
+
+GEMM M = output pixels (N * OH * OW), N = output channels of a group, K = taps x channels with
+channels innermost. The weights are packed once per weight tensor to [Cout][KH][KW][Cgp] (a
+prepare launch into a derived workspace); an NCHW input is copied to NHWC per call (channels
+rounded up to 8 with zeros, so every load is a 16-byte chunk inside one tap); the epilogue writes
+y in the input's memory format, with bias, residual and activation fused.
+
+Tiles (BM x BN x BK, WM x WN warps, pipeline stages) come from `TILES`; `estimate` is the cost
+model the heuristic compares against the SIMT kernels (conv2d_cost). The main loop is one
+function of the template, so a wgmma loop can take its place under the same plan and epilogue.
+"""
+from __future__ import annotations
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
+from .conv2d_problem import Conv2dProblem
+
+ALGORITHM = "implicit_gemm_mma"
+DTYPES = ("float16",)
+LAYOUT_BLOCK = 256
+# (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
+TILES = ((128, 128, 32, 2, 2, 4), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3), (128, 128, 64, 2, 2, 3),
+         (128, 64, 32, 2, 2, 4), (64, 128, 32, 2, 2, 4), (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3),
+         (32, 32, 32, 1, 1, 2))
+# Fraction of the per-multiprocessor dense fp16 rate a warp tile sustains (mma.sync; guesses
+# until a device sweep fits them: 64x64 warp tiles reach ~60-70% in CUTLASS-style kernels).
+WARP_TILE_RATE = {(64, 64): 0.62, (64, 32): 0.5, (32, 64): 0.5, (32, 32): 0.36}
+# Registers per thread by warp tile (ptxas, sm_90, BK 32), for residency.
+WARP_TILE_REGS = {(64, 64): 200, (64, 32): 128, (32, 64): 128, (32, 32): 80}
+
+
+def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, why: str = "") -> Schedule:
+    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, math="mma")
+
+
+def tile_of(s: Schedule) -> tuple[int, int, int, int, int, int]:
+    return tuple(int(s[k]) for k in ("bm", "bn", "bk", "wm", "wn", "stages"))  # type: ignore[return-value]
+
+
+def why_not(p: Conv2dProblem) -> str | None:
+    """Why the matrix-core kernel cannot run this problem (device aside), or None."""
+    if p.dtype not in DTYPES:
+        return f"matrix-core conv2d takes {', '.join(DTYPES)} (got {p.dtype})"
+    if p.groups > 1 and p.cin_g % 8:
+        return f"grouped matrix-core conv2d needs a multiple of 8 input channels per group (got {p.cin_g})"
+    return None
+
+
+def channels(p: Conv2dProblem) -> tuple[int, int]:
+    """(Cs, Cgp): channels per NHWC pixel and per group and tap in K (each a multiple of 8)."""
+    if p.groups == 1:
+        cgp = ceil_div(p.cin, 8) * 8
+        return cgp, cgp
+    return p.cin, p.cin_g
+
+
+def needs_nhwc_copy(p: Conv2dProblem) -> bool:
+    return getattr(p, "layout", "") != "nhwc" or channels(p)[0] != p.cin
+
+
+def shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Pipeline buffers (halves, rows padded by 8) or the fp32 epilogue tile, whichever is larger."""
+    return max(stages * (bm + bn) * (bk + 8) * 2, bm * (bn + 8) * 4)
+
+
+def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
+    """Threads per block; ScheduleError when the tile cannot run here."""
+    reason = why_not(p)
+    if reason:
+        raise ScheduleError(reason)
+    if not device.matrix_cores:
+        raise ScheduleError(f"{device.name} has no matrix cores usable from jitops templates")
+    bm, bn, bk, wm, wn, stages = tile
+    threads = wm * wn * device.warp_size
+    kc = bk // 8
+    if bk not in (32, 64) or stages < 2 or bm % (16 * wm) or bn % (16 * wn):
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk} with {wm}x{wn} warps, {stages} stages is not supported")
+    step = threads // kc
+    if threads % kc or bm % step or bn % step:
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
+    if shared_bytes(bm, bn, bk, stages) > device.shared_per_block_optin:
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}x{stages}: {shared_bytes(bm, bn, bk, stages)} bytes of shared "
+                            f"memory exceed {device.shared_per_block_optin} on {device.name}")
+    return threads
+
+
+def k_padded(p: Conv2dProblem, bk: int) -> int:
+    return ceil_div(p.kh * p.kw * channels(p)[1], bk) * bk
+
+
+def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    tile = tile_of(s)
+    bm, bn, bk, wm, wn, stages = tile
+    threads = _check(p, tile, device)
+    cs, cgp = channels(p)
+    kp = k_padded(p, bk)
+    m = p.pixels
+    grid = (ceil_div(m, bm), ceil_div(p.cout_g, bn), p.groups)
+    if m > INT32_MAX - bm or grid[1] > 65535 or grid[2] > 65535:
+        raise ScheduleError(f"mma grid {grid} exceeds the launch limits")
+    ctype = C_TYPE[p.dtype]
+    x_elems = p.n * p.h * p.w * cs
+    y_elems = p.n * p.cout * p.oh * p.ow
+    packed = p.cout * kp
+    idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64)
+    out_nhwc = getattr(p, "layout", "") == "nhwc"
+    vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
+    copy = needs_nhwc_copy(p)
+    params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
+              "threads": threads, "has_bias": p.has_bias, "has_residual": p.has_residual,
+              "activation": p.activation, "out_nhwc": out_nhwc, "vec_out": vec_out,
+              "async_copy": device.backend == "cuda"}
+    args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias else ()),
+            *((Buf("residual"),) if p.has_residual else ()), Buf("y"),
+            *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, p.h, p.w, p.oh, p.ow, p.kh, p.kw,
+                                         p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
+                                         p.dilation[1])),
+            Scalar("f32", p.alpha))
+    gemm = Launch.make("conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, (threads,), args,
+                       shared_bytes(bm, bn, bk, stages))
+    scalar = "i32" if idx == "int" else "i64"
+    layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
+    pack = Launch.make("conv2d/mma_layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
+                       (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                       (Buf("w"), Buf("packed_w"), Scalar(scalar, packed),
+                        *(Scalar("i32", v) for v in (kp, cgp, p.cin_g, p.kh, p.kw))))
+    launches = [gemm]
+    workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
+    if copy:
+        if getattr(p, "layout", "") == "nhwc":
+            raise ScheduleError("an NHWC input whose channels are not a multiple of 8 is not supported yet")
+        total = p.n * p.h * p.w * (cs // 8)
+        to_nhwc = Launch.make("conv2d/mma_layout.hip.j2", "conv2d_mma_to_nhwc", {**layout, "stage": "nhwc"},
+                              (ceil_div(total, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                              (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
+                               *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
+        launches.insert(0, to_nhwc)
+        workspaces.append(Workspace("x_nhwc", x_elems * p.itemsize))
+    return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    out = []
+    for tile in TILES:
+        s = mma_schedule(*tile)
+        try:
+            _check(p, tile, device)
+        except ScheduleError:
+            continue
+        out.append(s)
+    return out
+
+
+def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float) -> float:
+    """Seconds for one call: wave-quantised tile math at the warp tile's share of the dense fp16
+    rate, or the bytes that must cross DRAM, whichever is larger; plus the NHWC copy."""
+    bm, bn, bk, wm, wn, stages = tile_of(s)
+    peak_sm = 2 * 1024 * 1.83e9 if device.arch.startswith("sm_9") else 2 * 512 * 1.41e9
+    if device.backend == "hip":
+        peak_sm = 2 * 512 * 1.7e9
+    rate = peak_sm * WARP_TILE_RATE.get((bm // wm, bn // wn), 0.3)
+    smem = shared_bytes(bm, bn, bk, stages)
+    threads = wm * wn * device.warp_size
+    resident = max(1, min(device.shared_per_multiprocessor // smem, 2048 // threads,
+                          device.registers_per_multiprocessor // (threads * WARP_TILE_REGS.get((bm // wm, bn // wn), 200))))
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
+    slots = device.multiprocessors * resident
+    waves = ceil_div(blocks, slots)
+    busy = min(blocks, slots) / slots             # a partial last wave leaves multiprocessors idle
+    kp = k_padded(p, bk)
+    block_flops = 2.0 * bm * bn * kp
+    # A lone block per multiprocessor hides less latency: scale by resident warps (8 hide it).
+    warps = min(resident, ceil_div(blocks, device.multiprocessors)) * wm * wn
+    occupancy = min(1.0, 0.45 + 0.55 * warps / 8)
+    compute = waves * resident * block_flops / (rate * occupancy) if busy else 0.0
+    isz = p.itemsize
+    cs, _ = channels(p)
+    x_bytes = p.n * p.h * p.w * cs * isz
+    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    w_bytes = p.cout * kp * isz
+    memory = (x_bytes * ceil_div(p.cout_g, bn) ** 0.5 + y_bytes + w_bytes) / bandwidth
+    t = launch_s + max(compute, memory)
+    if needs_nhwc_copy(p):
+        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    return t
