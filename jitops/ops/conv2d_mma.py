@@ -31,8 +31,17 @@ WARP_TILE_RATE = {(64, 64): 0.62, (64, 32): 0.5, (32, 64): 0.5, (32, 32): 0.36}
 WARP_TILE_REGS = {(64, 64): 200, (64, 32): 128, (32, 64): 128, (32, 32): 80}
 
 
-def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, why: str = "") -> Schedule:
-    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, math="mma")
+def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split_k: int = 1,
+                 why: str = "") -> Schedule:
+    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, split_k=split_k,
+                         math="mma")
+
+
+def splits_of(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
+    """(splits, K tiles per split) as planned: no split leaves a block without K tiles."""
+    kt = k_padded(p, int(s["bk"])) // int(s["bk"])
+    per = ceil_div(kt, max(1, int(s.get("split_k", 1))))
+    return ceil_div(kt, per), per
 
 
 def tile_of(s: Schedule) -> tuple[int, int, int, int, int, int]:
@@ -93,29 +102,35 @@ def k_padded(p: Conv2dProblem, bk: int) -> int:
 
 
 def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    from .conv2d_plans import _splitk_launch
     tile = tile_of(s)
     bm, bn, bk, wm, wn, stages = tile
     threads = _check(p, tile, device)
     cs, cgp = channels(p)
     kp = k_padded(p, bk)
+    splits, kt_per_split = splits_of(p, s)
     m = p.pixels
-    grid = (ceil_div(m, bm), ceil_div(p.cout_g, bn), p.groups)
+    grid = (ceil_div(m, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     if m > INT32_MAX - bm or grid[1] > 65535 or grid[2] > 65535:
         raise ScheduleError(f"mma grid {grid} exceeds the launch limits")
     ctype = C_TYPE[p.dtype]
     x_elems = p.n * p.h * p.w * cs
     y_elems = p.n * p.cout * p.oh * p.ow
     packed = p.cout * kp
-    idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64)
+    np_ = ceil_div(m, 8) * 8
+    partial = splits * p.cout * np_ if splits > 1 else 0
+    idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64, partial + 64)
     out_nhwc = getattr(p, "layout", "") == "nhwc"
     vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
     copy = needs_nhwc_copy(p)
+    fused = splits == 1
     params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
-              "threads": threads, "has_bias": p.has_bias, "has_residual": p.has_residual,
-              "activation": p.activation, "out_nhwc": out_nhwc, "vec_out": vec_out,
-              "async_copy": device.backend == "cuda"}
-    args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias else ()),
-            *((Buf("residual"),) if p.has_residual else ()), Buf("y"),
+              "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
+              "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
+              "split_k": not fused, "async_copy": device.backend == "cuda"}
+    outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
+    args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
+            *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
             *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, p.h, p.w, p.oh, p.ow, p.kh, p.kw,
                                          p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
                                          p.dilation[1])),
@@ -131,7 +146,7 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
-        if getattr(p, "layout", "") == "nhwc":
+        if out_nhwc:
             raise ScheduleError("an NHWC input whose channels are not a multiple of 8 is not supported yet")
         total = p.n * p.h * p.w * (cs // 8)
         to_nhwc = Launch.make("conv2d/mma_layout.hip.j2", "conv2d_mma_to_nhwc", {**layout, "stage": "nhwc"},
@@ -140,50 +155,66 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
                                *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
         launches.insert(0, to_nhwc)
         workspaces.append(Workspace("x_nhwc", x_elems * p.itemsize))
+    if not fused:
+        workspaces.append(Workspace("partial", partial * 4))
+        launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=out_nhwc))
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def _split_options(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> list[int]:
+    """Split-K counts worth trying: only when the unsplit grid leaves most multiprocessors idle
+    and every split keeps at least 4 K tiles."""
+    bm, bn, bk = tile[:3]
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
+    kt = k_padded(p, bk) // bk
+    if blocks >= device.multiprocessors:
+        return [1]
+    return [1] + [s for s in (2, 3, 4, 6, 8, 12, 16) if kt // s >= 4 and blocks * s <= 4 * device.multiprocessors]
 
 
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     out = []
     for tile in TILES:
-        s = mma_schedule(*tile)
         try:
             _check(p, tile, device)
         except ScheduleError:
             continue
-        out.append(s)
+        out += [mma_schedule(*tile, split_k=s) for s in _split_options(p, tile, device)]
     return out
 
 
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float) -> float:
-    """Seconds for one call: wave-quantised tile math at the warp tile's share of the dense fp16
-    rate, or the bytes that must cross DRAM, whichever is larger; plus the NHWC copy."""
+    """Seconds for one call: the busiest multiprocessor's blocks at the warp tile's share of the
+    dense fp16 rate (lowered when few warps are resident), or the bytes that must cross DRAM,
+    whichever is larger; plus the NHWC copy and the split-K reduction."""
     bm, bn, bk, wm, wn, stages = tile_of(s)
-    peak_sm = 2 * 1024 * 1.83e9 if device.arch.startswith("sm_9") else 2 * 512 * 1.41e9
-    if device.backend == "hip":
-        peak_sm = 2 * 512 * 1.7e9
+    if device.arch.startswith("sm_9"):
+        peak_sm = 4096 * 1.83e9                   # dense fp16 flop/clock/SM x clock (H100 SXM)
+    elif device.backend == "hip":
+        peak_sm = 2048 * 1.7e9
+    else:
+        peak_sm = 2048 * 1.41e9
     rate = peak_sm * WARP_TILE_RATE.get((bm // wm, bn // wn), 0.3)
     smem = shared_bytes(bm, bn, bk, stages)
     threads = wm * wn * device.warp_size
+    regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
     resident = max(1, min(device.shared_per_multiprocessor // smem, 2048 // threads,
-                          device.registers_per_multiprocessor // (threads * WARP_TILE_REGS.get((bm // wm, bn // wn), 200))))
-    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
-    slots = device.multiprocessors * resident
-    waves = ceil_div(blocks, slots)
-    busy = min(blocks, slots) / slots             # a partial last wave leaves multiprocessors idle
-    kp = k_padded(p, bk)
-    block_flops = 2.0 * bm * bn * kp
-    # A lone block per multiprocessor hides less latency: scale by resident warps (8 hide it).
-    warps = min(resident, ceil_div(blocks, device.multiprocessors)) * wm * wn
-    occupancy = min(1.0, 0.45 + 0.55 * warps / 8)
-    compute = waves * resident * block_flops / (rate * occupancy) if busy else 0.0
+                          device.registers_per_multiprocessor // (threads * regs)))
+    splits, per = splits_of(p, s)
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
+    per_sm = ceil_div(blocks, device.multiprocessors)
+    warps = min(per_sm, resident) * wm * wn
+    occupancy = min(1.0, 0.5 + 0.5 * warps / 8)   # one 4-warp block hides about half the latency
+    compute = per_sm * 2.0 * bm * bn * (per * bk + 64) / (rate * occupancy)
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
-    w_bytes = p.cout * kp * isz
-    memory = (x_bytes * ceil_div(p.cout_g, bn) ** 0.5 + y_bytes + w_bytes) / bandwidth
+    w_bytes = p.cout * k_padded(p, bk) * isz
+    memory = (x_bytes + y_bytes + w_bytes) / bandwidth
     t = launch_s + max(compute, memory)
     if needs_nhwc_copy(p):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    if splits > 1:
+        t += launch_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.8 * bandwidth)
     return t

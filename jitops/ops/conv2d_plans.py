@@ -86,9 +86,16 @@ def plan_naive(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 
 # ---------------------------------------------------------------- split-K reduction
 
-def _splitk_launch(p: Conv2dProblem, splits: int, np_: int, idx: str) -> Launch:
+def _splitk_launch(p: Conv2dProblem, splits: int, np_: int, idx: str, residual: bool = False,
+                   out_nhwc: bool = False) -> Launch:
+    """Adds the splits' fp32 partials; residual / NHWC output only for the matrix-core kernel (the
+    SIMT plans add a residual in a pass of their own)."""
     params = {**_common(p), "index_type": idx, "block": ELEMENTWISE_BLOCK}
-    args = (Buf("partial"), *_bias_args(p), Buf("y"),
+    if residual:
+        params["has_residual"] = True
+    if out_nhwc:
+        params["out_nhwc"] = True
+    args = (Buf("partial"), *_bias_args(p), *((Buf("residual"),) if residual else ()), Buf("y"),
             *(Scalar("i32", v) for v in (p.pixels, np_, p.cout, p.oh * p.ow, splits)), Scalar("f32", p.alpha))
     grid = (ceil_div(p.pixels, ELEMENTWISE_BLOCK), p.cout)
     _check_grid(grid, "split-K reduction")
