@@ -3,7 +3,12 @@
 Device arrays are used in place (zero copy) and launched on the array's current stream; host
 arrays go to the device and back when the backend is a GPU (on the CPU emulator they are used
 in place). Results come back as the input's kind. Non-contiguous inputs are refused with the
-argument's name rather than copied behind the caller's back.
+argument's name rather than copied behind the caller's back; the one strided form accepted is a
+4-d channels_last torch tensor (or any 4-d array the caller declares `layout="nhwc"`), whose
+logical shape is (N, C, H, W) and whose memory order is N, H, W, C.
+
+bfloat16: torch.bfloat16 tensors and numpy arrays of `ml_dtypes.bfloat16` (importing ml_dtypes
+also lets numpy name the dtype "bfloat16").
 """
 from __future__ import annotations
 
@@ -13,6 +18,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ArgumentError
+
+try:   # registers numpy's "bfloat16" dtype name
+    import ml_dtypes  # noqa: F401
+except ImportError:   # pragma: no cover - a dependency; bf16 numpy arrays then cannot be made
+    ml_dtypes = None
 
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8", "bfloat16")
 _TYPESTR = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64", "|u1": "uint8",
@@ -24,11 +34,12 @@ _TORCH_BY_NAME: dict[str, Any] = {}
 class ArrayRef:
     """One argument, classified: where its data lives, its shape, dtype and pointer."""
 
-    __slots__ = ("obj", "kind", "shape", "dtype", "ptr", "nbytes", "host", "device_index")
+    __slots__ = ("obj", "kind", "shape", "dtype", "ptr", "nbytes", "host", "device_index", "layout")
 
     def __init__(self, obj: Any, kind: str, shape: tuple, dtype: str, ptr: int, nbytes: int, host: bool,
-                 device_index: int = 0):
+                 device_index: int = 0, layout: str = ""):
         self.obj = obj
+        self.layout = layout
         self.kind = kind
         self.shape = shape
         self.dtype = dtype
@@ -77,27 +88,50 @@ def _contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def wrap(obj: Any, name: str, op: str) -> ArrayRef:
-    """Classify one array argument; a clear error names the argument when it cannot be used."""
+def _declared_nhwc(ref: ArrayRef, name: str, op: str) -> ArrayRef:
+    """A C-contiguous array the caller declared layout="nhwc": its own shape is (N, H, W, C)."""
+    if len(ref.shape) != 4:
+        raise ArgumentError(name, 'a 4-d (N, H, W, C) array with layout="nhwc"', f"shape {tuple(ref.shape)}", op=op)
+    n, h, w, c = ref.shape
+    ref.shape, ref.layout = (n, c, h, w), "nhwc"
+    return ref
+
+
+def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
+    """Classify one array argument; a clear error names the argument when it cannot be used.
+    `layout="nhwc"`: the caller declares a C-contiguous array's shape to be (N, H, W, C); the ref
+    then carries the logical (N, C, H, W) shape. channels_last torch tensors need no declaration."""
+    ref = _wrap(obj, name, op)
+    if layout == "nhwc" and not ref.layout:
+        return _declared_nhwc(ref, name, op)
+    return ref
+
+
+def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
     if isinstance(obj, np.ndarray):
         dtype = obj.dtype.name
         if dtype not in DTYPES:
-            raise ArgumentError(name, "a float32 or float16 array", f"numpy dtype {dtype}", op=op)
+            raise ArgumentError(name, "a float32, float16 or bfloat16 array", f"numpy dtype {dtype}", op=op)
         if not obj.flags.c_contiguous:
             raise ArgumentError(name, "a C-contiguous array (use np.ascontiguousarray)", "a strided view", op=op)
         return ArrayRef(obj, "numpy", obj.shape, dtype, obj.ctypes.data, obj.nbytes, True)
     if is_torch(obj):
         dtype = _torch_dtypes().get(obj.dtype)
         if dtype is None:
-            raise ArgumentError(name, "a float32 or float16 tensor", f"torch dtype {obj.dtype}", op=op)
+            raise ArgumentError(name, "a float32, float16 or bfloat16 tensor", f"torch dtype {obj.dtype}", op=op)
+        layout = ""
         if not obj.is_contiguous():
-            raise ArgumentError(name, "a contiguous tensor (call .contiguous())", "a strided view", op=op)
+            if obj.dim() == 4 and obj.is_contiguous(memory_format=sys.modules["torch"].channels_last):
+                layout = "nhwc"
+            else:
+                raise ArgumentError(name, "a contiguous or channels_last tensor (call .contiguous())",
+                                    "a strided view", op=op)
         dev = obj.device
         if dev.type not in ("cuda", "cpu"):
             raise ArgumentError(name, "a CPU or CUDA/ROCm tensor", f"a tensor on '{dev.type}'", op=op)
         host = dev.type == "cpu"
         return ArrayRef(obj, "torch", tuple(obj.shape), dtype, obj.data_ptr(), obj.numel() * obj.element_size(), host,
-                        0 if host else (dev.index or 0))
+                        0 if host else (dev.index or 0), layout)
     from .device_array import DeviceArray
     if isinstance(obj, DeviceArray):
         return ArrayRef(obj, "jitops", obj.shape, obj.dtype, obj.ptr, obj.nbytes, obj.backend.name == "cpu", 0)
@@ -106,7 +140,7 @@ def wrap(obj: Any, name: str, op: str) -> ArrayRef:
         shape = tuple(int(s) for s in cai["shape"])
         dtype = _TYPESTR.get(cai["typestr"])
         if dtype is None:
-            raise ArgumentError(name, "a float32 or float16 array", f"typestr {cai['typestr']}", op=op)
+            raise ArgumentError(name, "a float32, float16 or bfloat16 array", f"typestr {cai['typestr']}", op=op)
         itemsize = np.dtype(cai["typestr"]).itemsize
         strides = cai.get("strides")
         if strides is not None and tuple(strides) != _contiguous_strides(shape, itemsize) and int(np.prod(shape)) > 1:
@@ -154,12 +188,25 @@ def current_stream(ref: ArrayRef) -> int:
     return 0
 
 
-def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any) -> tuple[Any, int]:
-    """A new array of the same kind (and device) as `ref`; returns (object, data pointer)."""
+def storage_shape(shape: tuple, layout: str) -> tuple:
+    """(N, H, W, C) for a logical (N, C, H, W) shape stored "nhwc"; the shape itself otherwise."""
+    if layout == "nhwc":
+        n, c, h, w = shape
+        return (n, h, w, c)
+    return tuple(shape)
+
+
+def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any, layout: str = "") -> tuple[Any, int]:
+    """A new array of the same kind (and device) as `ref`; returns (object, data pointer). With
+    layout "nhwc" (logical `shape` (N, C, H, W)): a channels_last torch tensor, or an (N, H, W, C)
+    array of the other kinds."""
     if ref.kind == "torch":
         torch = sys.modules["torch"]
-        t = torch.empty(shape, dtype=torch_dtype(dtype), device=ref.obj.device)
+        t = torch.empty(storage_shape(shape, layout), dtype=torch_dtype(dtype), device=ref.obj.device)
+        if layout == "nhwc":
+            t = t.permute(0, 3, 1, 2)
         return t, t.data_ptr()
+    shape = storage_shape(shape, layout)
     if ref.kind == "numpy":
         a = np.empty(shape, dtype=dtype)
         return a, a.ctypes.data
@@ -173,5 +220,18 @@ def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any) -> tupl
 
 
 def host_view(ref: ArrayRef) -> np.ndarray:
-    """A numpy view of a host array (numpy or torch CPU) for copies."""
-    return ref.obj if ref.kind == "numpy" else ref.obj.numpy()
+    """A C-contiguous numpy view of a host array's memory (numpy or torch CPU) for copies."""
+    return ref.obj if ref.kind == "numpy" else host_storage(ref.obj)
+
+
+def host_storage(t: Any) -> np.ndarray:
+    """A torch CPU tensor's memory as a C-contiguous numpy array (channels_last in storage order;
+    bfloat16, which numpy lacks without ml_dtypes views, as its 16-bit pattern)."""
+    if isinstance(t, np.ndarray):
+        return t
+    torch = sys.modules["torch"]
+    if not t.is_contiguous() and t.dim() == 4:
+        t = t.permute(0, 2, 3, 1)
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy()
+    return t.numpy()

@@ -20,6 +20,7 @@ class DeviceInfo:
     shared_per_block_optin: int = 48 * 1024   # the most one block may ask for
     shared_per_multiprocessor: int = 64 * 1024
     registers_per_multiprocessor: int = 65536
+    max_threads_per_multiprocessor: int = 2048   # 2048 on sm_80/sm_90 and CDNA (32 waves of 64)
     l2_bytes: int = 4 * 1024 * 1024
     matrix_cores: bool = False    # mma.sync (sm_80+) or MFMA (CDNA) usable from templates
     online: bool = True           # False: compile-only target, no device present
@@ -34,6 +35,16 @@ class DeviceInfo:
 
     def offline(self) -> "DeviceInfo":
         return replace(self, online=False)
+
+    def resident_blocks(self, threads: int, shared: int = 0, registers_per_thread: int = 0) -> int:
+        """Blocks of `threads` threads that one multiprocessor holds at once, limited by its thread
+        slots, shared memory (`shared` bytes per block) and register file; at least 1."""
+        limit = self.max_threads_per_multiprocessor // max(1, threads)
+        if shared:
+            limit = min(limit, self.shared_per_multiprocessor // shared)
+        if registers_per_thread:
+            limit = min(limit, self.registers_per_multiprocessor // (registers_per_thread * threads))
+        return max(1, limit)
 
 
 # Compile targets known without a device (values from vendor documentation).

@@ -234,6 +234,8 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
     kinds = {r.kind for r in refs.values()}
     if len(kinds) != 1 or kinds - {"torch", "numpy"}:
         return None
+    if any(r.layout for r in refs.values()) or any(s.layout for s in prepared.problem.outputs().values()):
+        return None     # memory formats other than C order: the general path allocates and checks them
     first = next(iter(refs.values()))
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path
@@ -247,22 +249,43 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
                  out: Mapping[str, Any] | None, schedule: Schedule | str | None,
                  backend: Backend) -> tuple[Any, Prepared, dict[str, arrays.ArrayRef]]:
     op = get_op(op_name)
-    refs = {n: arrays.wrap(v, n, op_name) for n, v in tensors.items() if v is not None}
+    layout, op_attrs = _split_layout(op, op_name, attrs)
+    layout_inputs = getattr(op, "LAYOUT_INPUTS", ())
+    refs = {n: arrays.wrap(v, n, op_name, layout if n in layout_inputs else "")
+            for n, v in tensors.items() if v is not None}
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
+    for n, r in refs.items():
+        if r.layout and n not in layout_inputs:
+            raise ArgumentError(n, f"a contiguous tensor ({op_name} takes no channels_last '{n}'; call .contiguous())",
+                                "a channels_last tensor", op=op_name)
     host = arrays.check_placement(refs, backend, op_name)
     call_key = (op_name, id(backend), schedule,
-                tuple((n, r.shape, r.dtype) for n, r in refs.items()), frozen_items(attrs))
+                tuple((n, r.shape, r.dtype, r.layout) for n, r in refs.items()), frozen_items(attrs))
     prepared = _cache.by_call.get(call_key)
     if prepared is None:
-        specs = {n: TensorSpec(tuple(r.shape), r.dtype) for n, r in refs.items()}
+        specs = {n: TensorSpec(tuple(r.shape), r.dtype, r.layout) for n, r in refs.items()}
         specs.update({n: None for n in tensors if tensors[n] is None})
-        problem = op.make_problem(specs, attrs)
+        problem = op.make_problem(specs, op_attrs)
         backend.require_device(f"run {op_name}")
         prepared = prepare(op, problem, backend, schedule)
         with _cache.lock:
             _cache.by_call[call_key] = prepared
     return _execute(prepared, refs, host, backend, out), prepared, refs
+
+
+def _split_layout(op: Any, op_name: str, attrs: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """The `layout` attribute is the engine's, not the op's: it says how to read the arrays the
+    op declares in LAYOUT_INPUTS ("nhwc": their own shape is (N, H, W, C)). Returns it and the
+    attributes the op sees."""
+    if "layout" not in attrs:
+        return "", attrs
+    layout = attrs["layout"]
+    layout = "" if layout in (None, "", "nchw") else layout
+    if layout and (layout != "nhwc" or not getattr(op, "LAYOUT_INPUTS", ())):
+        allowed = "None, 'nchw' or 'nhwc'" if getattr(op, "LAYOUT_INPUTS", ()) else "None"
+        raise ArgumentError("layout", allowed, repr(attrs["layout"]), op=op_name)
+    return layout, {k: v for k, v in attrs.items() if k != "layout"}
 
 
 def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend: Backend,
@@ -279,20 +302,21 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     for name, spec in out_specs.items():
         given = (out or {}).get(name)
         if given is not None:
-            ref = arrays.wrap(given, f"out[{name!r}]" if len(out_specs) > 1 else "out", p.op)
-            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype:
-                raise ArgumentError("out", f"shape {spec.shape} and dtype {spec.dtype}",
+            ref = arrays.wrap(given, f"out[{name!r}]" if len(out_specs) > 1 else "out", p.op, spec.layout)
+            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout:
+                raise ArgumentError("out", f"shape {spec.storage_shape}{' (N, H, W, C)' if spec.layout else ''} "
+                                    f"and dtype {spec.dtype}",
                                     f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
             if ref.host != host:
                 raise ArgumentError("out", "an array on the same side as the inputs", ref.describe(), op=p.op)
             obj, ptr = given, ref.ptr
         else:
-            obj, ptr = arrays.allocate_like(primary, spec.shape, spec.dtype, backend)
+            obj, ptr = arrays.allocate_like(primary, spec.shape, spec.dtype, backend, spec.layout)
         results[name] = obj
         if needs_staging:
             dptr = backend.alloc(spec.nbytes)
             staged.append(dptr)
-            host_arr = obj if isinstance(obj, np.ndarray) else obj.numpy()
+            host_arr = arrays.host_storage(obj)
             copy_back.append((host_arr, dptr, spec.nbytes))
             ptr = dptr
         ptrs[name] = (ptr, spec.nbytes)

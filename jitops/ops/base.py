@@ -16,15 +16,21 @@ from ..device import DeviceInfo
 from ..errors import ArgumentError
 
 FLOAT_DTYPES = ("float32", "float16")
+HALF_DTYPES = ("float16", "bfloat16")      # 16-bit floats; an op accepts bfloat16 by listing it itself
 ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2}
-C_TYPE = {"float32": "float", "float16": "jt_half"}
+C_TYPE = {"float32": "float", "float16": "jt_half", "bfloat16": "jt_bf16"}
+LAYOUTS = ("", "nhwc")   # "": C-contiguous in the shape's order; "nhwc": logical NCHW stored N, H, W, C
 INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """An array as an op sees it. `shape` is the logical shape; `layout` "nhwc" marks a rank-4
+    (N, C, H, W) array stored N, H, W, C (a torch channels_last tensor), "" a C-contiguous one."""
+
     shape: tuple[int, ...]
     dtype: str
+    layout: str = ""
 
     @property
     def numel(self) -> int:
@@ -37,8 +43,17 @@ class TensorSpec:
     def nbytes(self) -> int:
         return self.numel * ITEMSIZE[self.dtype]
 
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape in memory order: (N, H, W, C) for "nhwc"."""
+        if self.layout == "nhwc":
+            n, c, h, w = self.shape
+            return (n, h, w, c)
+        return self.shape
+
     def __str__(self) -> str:
-        return f"{'x'.join(map(str, self.shape)) or 'scalar'}:{self.dtype}"
+        text = f"{'x'.join(map(str, self.shape)) or 'scalar'}:{self.dtype}"
+        return f"{text}:{self.layout}" if self.layout else text
 
 
 def frozen_items(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -190,11 +205,6 @@ def require_rank(op: str, name: str, spec: TensorSpec, ranks: Sequence[int] | in
     if len(spec.shape) not in ranks:
         want = " or ".join(str(r) for r in ranks)
         raise ArgumentError(name, f"a tensor of rank {want}", f"shape {spec.shape}", op=op)
-
-
-def require_shape(op: str, name: str, spec: TensorSpec, shape: Sequence[int]) -> None:
-    if tuple(spec.shape) != tuple(shape):
-        raise ArgumentError(name, f"shape {tuple(shape)}", f"shape {spec.shape}", op=op)
 
 
 def index_type(*extents: int) -> str:

@@ -1,4 +1,7 @@
-"""Backend selection: AMD GPU -> hip, NVIDIA GPU -> cuda, neither -> the CPU emulator.
+"""Backend selection: an NVIDIA GPU -> cuda, else an AMD GPU -> hip, else the CPU emulator.
+
+CUDA is tried first because its probe is cheap (a driver call) while hip-python's import is not;
+a machine with GPUs of both vendors picks NVIDIA unless JITOPS_BACKEND says otherwise.
 
 `JITOPS_BACKEND` overrides the automatic choice. `get_backend(name, target=...)` with an explicit
 target arch gives a compile-only backend that works with no device present.

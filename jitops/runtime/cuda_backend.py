@@ -145,6 +145,7 @@ class CudaBackend(Backend):
             shared_per_block_optin=attr("max_shared_per_block_optin"),
             shared_per_multiprocessor=attr("max_shared_per_multiprocessor"),
             registers_per_multiprocessor=attr("max_registers_per_multiprocessor"),
+            max_threads_per_multiprocessor=attr("max_threads_per_multiprocessor"),
             l2_bytes=attr("l2_bytes"), matrix_cores=major >= 8, online=True)
 
     def _ensure_context(self) -> None:

@@ -18,7 +18,7 @@ from ..errors import BackendUnavailable, LaunchError
 ATTR = {
     "max_threads_per_block": 1, "max_shared_per_block": 8, "warp_size": 10, "multiprocessors": 16,
     "l2_bytes": 38, "cc_major": 75, "cc_minor": 76, "max_shared_per_multiprocessor": 81,
-    "max_registers_per_multiprocessor": 82, "max_shared_per_block_optin": 97,
+    "max_threads_per_multiprocessor": 39, "max_registers_per_multiprocessor": 82, "max_shared_per_block_optin": 97,
 }
 FUNC_ATTR = {"max_threads_per_block": 0, "shared_size_bytes": 1, "local_size_bytes": 3, "num_regs": 4,
              "max_dynamic_shared_size_bytes": 8}

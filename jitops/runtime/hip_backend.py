@@ -154,6 +154,7 @@ class HipBackend(Backend):
             multiprocessors=int(props.multiProcessorCount), max_threads_per_block=int(props.maxThreadsPerBlock),
             shared_per_block=int(props.sharedMemPerBlock), shared_per_block_optin=int(props.sharedMemPerBlock),
             shared_per_multiprocessor=smem_mp, registers_per_multiprocessor=int(props.regsPerMultiprocessor) or 65536,
+            max_threads_per_multiprocessor=int(props.maxThreadsPerMultiProcessor) or 2048,
             l2_bytes=int(props.l2CacheSize), matrix_cores=arch.startswith(("gfx90a", "gfx94", "gfx95")), online=True)
 
     def _check(self, result: Any, what: str) -> Any:

@@ -134,6 +134,15 @@ static inline bool jt_all(bool p) {
 static inline float jt_inf() { return __builtin_inff(); }
 static inline float jt_to_f32(jt_half h) { return (float)h; }
 static inline jt_half jt_f32_to_half(float f) { return (jt_half)f; }
+// bfloat16: the high 16 bits of a float, rounded to nearest even (NaN stays NaN).
+struct alignas(2) jt_bf16 { unsigned short bits; };
+static inline float jt_to_f32(jt_bf16 h) { unsigned u = (unsigned)h.bits << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline jt_bf16 jt_f32_to_bf16(float f) {
+  unsigned u; __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return jt_bf16{(unsigned short)((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return jt_bf16{(unsigned short)(u >> 16)};
+}
 static inline float jt_exp(float x) { return std::exp(x); }
 static inline float jt_rsqrt(float x) { return 1.0f / std::sqrt(x); }
 static inline float jt_fdiv(float a, float b) { return a / b; }
