@@ -19,6 +19,7 @@ from .conv2d_plans import ALGORITHMS, plan as _plan
 from .conv2d_problem import NAME, Conv2dProblem, make_problem, parse_problem
 
 INPUTS = ("x", "w", "bias", "residual")
+LAYOUT_INPUTS = ("x", "residual")          # channels_last / layout="nhwc"; y keeps x's format
 __all__ = ["NAME", "INPUTS", "ALGORITHMS", "Conv2dProblem", "make_problem", "parse_problem", "heuristic",
            "candidates", "plan", "variants", "reference", "random_inputs", "tolerance", "applicable"]
 
@@ -143,7 +144,8 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
     8 (A^T) and 5 (B^T) amplify rounding about 10-15x (measured 3.7e-5 at Cin = 1920):
     60 sqrt(Cin) 2^-24, at least 2e-4 (docs/conv2d.md). fp16: inputs are exact fp16 values,
     accumulation is fp32, the output is rounded once to fp16 (2^-11 of a value): 2e-3, plus the
-    fp32 allowance above.
+    fp32 allowance above. bf16: the same with 8 significant bits (2^-9): 1e-2. The matrix-core
+    kernel multiplies exact 16-bit values into fp32 accumulators: the same allowances.
     """
     eps = 2.0 ** -24
     alg = schedule.algorithm
@@ -155,6 +157,8 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
         tol = max(1e-5, 4 * problem.gemm_k ** 0.5 * eps)
     if problem.dtype == "float16":
         tol += 2e-3
+    elif problem.dtype == "bfloat16":
+        tol += 1e-2    # output rounded to bf16 (2^-9 of a value), twice when a residual pass follows
     return (tol, 0.0)
 
 

@@ -18,7 +18,7 @@ from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Worksp
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_mma"
-DTYPES = ("float16",)
+DTYPES = ("float16", "bfloat16")
 LAYOUT_BLOCK = 256
 # (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
 TILES = ((128, 128, 32, 2, 2, 4), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3), (128, 128, 64, 2, 2, 3),
@@ -66,7 +66,8 @@ def channels(p: Conv2dProblem) -> tuple[int, int]:
 
 
 def needs_nhwc_copy(p: Conv2dProblem) -> bool:
-    return getattr(p, "layout", "") != "nhwc" or channels(p)[0] != p.cin
+    """An NCHW input, or NHWC whose channels are not a multiple of 8, is copied to padded NHWC."""
+    return p.layout != "nhwc" or channels(p)[0] != p.cin
 
 
 def shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
@@ -120,14 +121,14 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     np_ = ceil_div(m, 8) * 8
     partial = splits * p.cout * np_ if splits > 1 else 0
     idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64, partial + 64)
-    out_nhwc = getattr(p, "layout", "") == "nhwc"
+    out_nhwc = p.layout == "nhwc"
     vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
     copy = needs_nhwc_copy(p)
     fused = splits == 1
     params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
               "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
               "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
-              "split_k": not fused, "async_copy": device.backend == "cuda"}
+              "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype}
     outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
     args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
             *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
@@ -139,17 +140,16 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
                        shared_bytes(bm, bn, bk, stages))
     scalar = "i32" if idx == "int" else "i64"
     layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
-    pack = Launch.make("conv2d/mma_layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
+    pack = Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
                        (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
                        (Buf("w"), Buf("packed_w"), Scalar(scalar, packed),
                         *(Scalar("i32", v) for v in (kp, cgp, p.cin_g, p.kh, p.kw))))
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
-        if out_nhwc:
-            raise ScheduleError("an NHWC input whose channels are not a multiple of 8 is not supported yet")
         total = p.n * p.h * p.w * (cs // 8)
-        to_nhwc = Launch.make("conv2d/mma_layout.hip.j2", "conv2d_mma_to_nhwc", {**layout, "stage": "nhwc"},
+        to_nhwc = Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
+                              {**layout, "stage": "nhwc", "src_nhwc": p.layout == "nhwc"},
                               (ceil_div(total, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
                               (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
                                *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))

@@ -308,11 +308,50 @@ def _plan_simt(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     raise ScheduleError(f"conv2d has no algorithm '{s.algorithm}' (choose from {', '.join(ALGORITHMS)})")
 
 
+def _renamed(launch: Launch, names: dict[str, str]) -> Launch:
+    args = tuple(Buf(names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
+    return replace(launch, args=args)
+
+
+def _layout_launch(p: Conv2dProblem, stage: str, kernel: str, bufs: tuple[Buf, ...], total: int,
+                   ints: tuple[int, ...], tail: tuple[Scalar, ...] = (), **params: Any) -> Launch:
+    """One thread per element of a layout change (templates/conv2d/layout.hip.j2)."""
+    idx = _index(total)
+    grid = (ceil_div(total, ELEMENTWISE_BLOCK),)
+    _check_grid(grid, kernel)
+    args = (*bufs, Scalar("i32" if idx == "int" else "i64", total), *(Scalar("i32", v) for v in ints), *tail)
+    return Launch.make("conv2d/layout.hip.j2", kernel, {"ctype": C_TYPE[p.dtype], "index_type": idx,
+                                                       "block": ELEMENTWISE_BLOCK, "stage": stage, **params},
+                       grid, (ELEMENTWISE_BLOCK,), args)
+
+
+def _plan_via_nchw(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    """An NHWC problem on a kernel that reads NCHW: x transposed to NCHW, the NCHW plan (without
+    residual and activation when there is a residual), then y = act(t + residual) back to NHWC."""
+    res = p.has_residual
+    inner_p = replace(p, layout="", has_residual=False, activation="none" if res else p.activation,
+                      alpha=0.0 if res else p.alpha)
+    inner = _plan_simt(inner_p, s, device)
+    names = {"x": "x_nchw", "y": "y_nchw"}
+    x_elems, y_elems = p.n * p.cin * p.h * p.w, p.n * p.cout * p.oh * p.ow
+    to_nchw = _layout_launch(p, "to_nchw", "conv2d_to_nchw", (Buf("x"), Buf("x_nchw")), x_elems, (p.cin, p.h * p.w))
+    back = _layout_launch(p, "from_nchw", "conv2d_from_nchw",
+                          (Buf("y_nchw"), *((Buf("residual"),) if res else ()), Buf("y")), y_elems,
+                          (p.cout, p.oh * p.ow), (Scalar("f32", p.alpha),), has_residual=res,
+                          activation=p.activation if res else "none")
+    launches = (to_nchw, *(_renamed(l, names) for l in inner.launches), back)
+    workspaces = inner.workspaces + (Workspace("x_nchw", x_elems * p.itemsize),
+                                     Workspace("y_nchw", y_elems * p.itemsize))
+    return Plan(launches=launches, workspaces=workspaces, prepare=tuple(_renamed(l, names) for l in inner.prepare))
+
+
 def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if p.n == 0:
         return Plan(launches=())
     if s.algorithm == mma.ALGORITHM:
         return mma.plan_mma(p, s, device)
+    if p.layout == "nhwc":
+        return _plan_via_nchw(p, s, device)
     if not p.has_residual:
         return _plan_simt(p, s, device)
     # The SIMT kernels write conv + bias; a second kernel adds the residual and activates.

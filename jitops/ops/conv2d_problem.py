@@ -11,11 +11,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, require_dtype, require_rank, \
+from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, require_dtype, require_rank, \
     require_same_dtype
 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
+DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Conv2dProblem:
     activation: str                         # "none" | "relu" | "leaky_relu"
     alpha: float
     has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
+    layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
 
     # ---- derived sizes
     @property
@@ -86,7 +88,7 @@ class Conv2dProblem:
         return ITEMSIZE[self.dtype]
 
     def inputs(self) -> dict[str, TensorSpec]:
-        out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype),
+        out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype, self.layout),
                "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype)}
         if self.has_bias:
             out["bias"] = TensorSpec((self.cout,), self.dtype)
@@ -95,7 +97,7 @@ class Conv2dProblem:
         return out
 
     def outputs(self) -> dict[str, TensorSpec]:
-        return {"y": TensorSpec((self.n, self.cout, self.oh, self.ow), self.dtype)}
+        return {"y": TensorSpec((self.n, self.cout, self.oh, self.ow), self.dtype, self.layout)}
 
     def key(self) -> str:
         attrs = {"stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
@@ -114,6 +116,8 @@ class Conv2dProblem:
             s += f" groups {self.groups}"
         if self.has_residual:
             s += " + residual"
+        if self.layout:
+            s += f" {self.layout}"
         return s + f" {self.dtype}"
 
 
@@ -162,7 +166,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         raise ArgumentError("x", "an NCHW tensor", None, op=NAME)
     if w is None:
         raise ArgumentError("w", "an OIHW weight tensor", None, op=NAME)
-    require_dtype(NAME, "x", x)
+    require_dtype(NAME, "x", x, DTYPES)
     require_rank(NAME, "x", x, 4)
     require_same_dtype(NAME, "w", w, x, "x")
     require_rank(NAME, "w", w, 4)
@@ -211,7 +215,8 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,
-                      float(alpha) if activation == "leaky_relu" else 0.0, residual is not None)
+                      float(alpha) if activation == "leaky_relu" else 0.0, residual is not None,
+                      getattr(x, "layout", ""))
     if p.oh < 1 or p.ow < 1:
         raise ArgumentError("x", f"a padded input of at least the dilated kernel size "
                                  f"({extent[0] + 1}x{extent[1] + 1}); output would be {p.oh}x{p.ow}",
@@ -221,19 +226,25 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         if tuple(residual.shape) != (p.n, p.cout, p.oh, p.ow):
             raise ArgumentError("residual", f"the output's shape ({p.n}, {p.cout}, {p.oh}, {p.ow})",
                                 f"shape {tuple(residual.shape)}", op=NAME)
+        if getattr(residual, "layout", "") != p.layout:
+            raise ArgumentError("residual", f"the memory format of x ({p.layout or 'NCHW'})",
+                                getattr(residual, "layout", "") or "NCHW", op=NAME)
     return p
 
 
 def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
     """`jitops compile conv2d x=1x64x56x56 w=128x64x3x3 padding=1 [bias=1] [dtype=float16] ...`"""
-    known = {"x", "w", "bias", "residual", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
+    known = {"x", "w", "bias", "residual", "layout", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
     extra = set(spec) - known
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(known))}", op=NAME)
     if "x" not in spec or "w" not in spec:
         raise ArgumentError("x" if "x" not in spec else "w", "a shape, e.g. x=1x64x56x56 w=128x64x3x3", op=NAME)
     dtype = spec.get("dtype", "float32")
-    x = TensorSpec(parse_shape(spec["x"]), dtype)
+    layout = spec.get("layout", "")
+    if layout not in ("", "nchw", "nhwc"):
+        raise ArgumentError("layout", "nchw or nhwc (x given as N x C x H x W either way)", layout, op=NAME)
+    x = TensorSpec(parse_shape(spec["x"]), dtype, "nhwc" if layout == "nhwc" else "")
     w = TensorSpec(parse_shape(spec["w"]), dtype)
     bias_flag = str(spec.get("bias", "0")).lower() in ("1", "true", "yes")
     bias = TensorSpec((w.shape[0],), dtype) if bias_flag and len(w.shape) == 4 else None
