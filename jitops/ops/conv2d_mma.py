@@ -21,9 +21,9 @@ ALGORITHM = "implicit_gemm_mma"
 DTYPES = ("float16", "bfloat16")
 LAYOUT_BLOCK = 256
 # (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
-TILES = ((128, 128, 32, 2, 2, 4), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3), (128, 128, 64, 2, 2, 3),
-         (128, 64, 32, 2, 2, 4), (64, 128, 32, 2, 2, 4), (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3),
-         (32, 32, 32, 1, 1, 2))
+TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3),
+         (128, 64, 32, 2, 2, 4), (128, 64, 64, 2, 2, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3),
+         (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3))
 # Fraction of the per-multiprocessor dense fp16 rate a warp tile sustains (mma.sync; guesses
 # until a device sweep fits them: 64x64 warp tiles reach ~60-70% in CUTLASS-style kernels).
 WARP_TILE_RATE = {(64, 64): 0.62, (64, 32): 0.5, (32, 64): 0.5, (32, 32): 0.36}
@@ -147,10 +147,14 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
+        src_nhwc = p.layout == "nhwc"
         total = p.n * p.h * p.w * (cs // 8)
+        grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc else (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
+        if max(grid_c[1:], default=0) > 65535:
+            raise ScheduleError(f"NHWC copy grid {grid_c} exceeds the launch limits")
         to_nhwc = Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
-                              {**layout, "stage": "nhwc", "src_nhwc": p.layout == "nhwc"},
-                              (ceil_div(total, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                              {**layout, "block": LAYOUT_BLOCK, "stage": "nhwc", "src_nhwc": src_nhwc},
+                              grid_c, (LAYOUT_BLOCK,),
                               (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
                                *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
         launches.insert(0, to_nhwc)

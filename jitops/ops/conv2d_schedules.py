@@ -12,6 +12,7 @@ import math
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import Schedule, ceil_div
+from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
 from .conv2d_cost import PARAMS, estimate
 from .conv2d_plans import ALGORITHMS, WINOGRAD_M
@@ -44,6 +45,8 @@ def _pow2_at_most(v: int, cap: int) -> int:
 def applicable(p: Conv2dProblem, algorithm: str) -> bool:
     if algorithm == mma.ALGORITHM:
         return mma.why_not(p) is None
+    if algorithm == depthwise.ALGORITHM:
+        return depthwise.why_not(p) is None
     if algorithm == "gemm_1x1":
         return p.is_pointwise
     if algorithm in WINOGRAD_M:
@@ -90,6 +93,8 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     out = [s for s in out if _plannable(p, s, device)]
     if mma.why_not(p) is None:
         out += mma.candidates(p, device)
+    if depthwise.why_not(p) is None:
+        out.append(depthwise.schedule())
     return out
 
 
@@ -112,7 +117,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ScheduleError(f"conv2d has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
     if algorithm is not None and not applicable(p, algorithm):
-        reason = mma.why_not(p) if algorithm == mma.ALGORITHM else None
+        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not}.get(algorithm, lambda _: None)(p)
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
                             + (f": {reason}" if reason else ""))
     if algorithm == "naive":
