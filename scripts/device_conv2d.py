@@ -149,6 +149,28 @@ def section_check(out_dir: str) -> dict:
                                  "err": err, "tol": tol, "nan": nan, "format_kept": fmt_ok, "ok": ok})
                     print(f"check {'ok ' if ok else 'BAD'} {dtype:8} {layout} err {err:.2e} (tol {tol:.1e}) "
                           f"{p.describe()} {s}", flush=True)
+    for dtype in ("float32", "float16", "bfloat16"):      # NHWC depthwise; NCHW kernels behind transposes
+        td = {"float32": torch.float32, **TDT}[dtype]
+        for xs, ws, attrs, sched in (((8, 96, 29, 31), (96, 1, 3, 3), dict(padding=1, stride=2, groups=96), "depthwise_nhwc"),
+                                     ((2, 36, 15, 15), (36, 1, 5, 5), dict(padding=2, groups=36), "depthwise_nhwc"),
+                                     ((2, 20, 17, 15), (24, 20, 3, 3), dict(padding=1), None)):
+            x = torch.randn(xs, device="cuda", generator=gen).to(td)
+            w = (torch.randn(ws, device="cuda", generator=gen) / math.sqrt(ws[1] * ws[2] * ws[3])).to(td)
+            b = torch.randn(ws[0], device="cuda", generator=gen).to(td)
+            y0 = jitops.conv2d(x.to(memory_format=CL), w, b, activation="relu", schedule=sched, **attrs)
+            r = torch.randn(y0.shape, device="cuda", generator=gen).to(td).to(memory_format=CL)
+            y = jitops.conv2d(x.to(memory_format=CL), w, b, residual=r, activation="relu", schedule=sched, **attrs)
+            torch.cuda.synchronize()
+            st = attrs.get("stride", 1)
+            ref = ref_f64(x, w, b, (st, st), pads4(attrs["padding"]), (1, 1), attrs.get("groups", 1), r, "relu")
+            # fp32: the heuristic may pick Winograd F(4x4) for the 3x3 (its bound, docs/conv2d.md)
+            tol = {"float32": 2e-4 if sched is None else 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+            err = rel_err(y, ref)
+            ok = err <= tol and not bool(torch.isnan(y).any()) and y.is_contiguous(memory_format=CL)
+            rows.append({"problem": f"{xs} {ws} {attrs}", "dtype": dtype, "layout": "nhwc", "schedule": str(sched),
+                         "err": err, "tol": tol, "ok": ok})
+            print(f"check {'ok ' if ok else 'BAD'} {dtype:8} nhwc err {err:.2e} (tol {tol:.1e}) {xs} {ws} {attrs} "
+                  f"{sched or 'heuristic'}", flush=True)
     dump(out_dir, "check", rows)
     return {"checked": len(rows), "failed": sum(not r["ok"] for r in rows)}
 
@@ -218,14 +240,7 @@ def section_bench(out_dir: str, budget: float, sweep: bool) -> dict:
             row["tflops"] = p.flops / jit["nhwc"] / 1e6
             row["peak_pct"] = 100 * row["tflops"] * 1e12 / PEAK
             if sweep and dtype == "float16":
-                cands = {}
-                xl = x.to(memory_format=CL)
-                for c in mma.candidates(p, dev):
-                    try:
-                        jitops.conv2d(xl, w, schedule=c, **attrs)
-                        cands[str(c)] = graph_us(lambda: jitops.conv2d(xl, w, schedule=c, **attrs))
-                    except Exception as exc:  # noqa: BLE001 - a candidate that fails is data too
-                        cands[str(c)] = f"error: {exc}"[:200]
+                cands = sweep_mma(p, x.to(memory_format=CL), w, None, attrs)
                 row["mma_candidates_nhwc_us"] = cands
                 best = min((v for v in cands.values() if isinstance(v, float)), default=None)
                 row["best_mma_nhwc_us"] = best
@@ -274,7 +289,19 @@ def collect_layers() -> list:
     return layers
 
 
-def section_layers(out_dir: str, budget: float) -> dict:
+def sweep_mma(p, xl, w, b, attrs) -> dict:
+    """Graph-replay time of every matrix-core candidate (for fitting the cost model)."""
+    out = {}
+    for c in mma.candidates(p, jitops.get_backend().device):
+        try:
+            jitops.conv2d(xl, w, b, schedule=c, **attrs)
+            out[str(c)] = graph_us(lambda: jitops.conv2d(xl, w, b, schedule=c, **attrs))
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails is data too
+            out[str(c)] = f"error: {exc}"[:200]
+    return out
+
+
+def section_layers(out_dir: str, budget: float, sweep: bool) -> dict:
     rows = []
     layers = collect_layers()
     print(f"layers: {len(layers)} distinct conv layers", flush=True)
@@ -292,8 +319,11 @@ def section_layers(out_dir: str, budget: float) -> dict:
             rows.append({"net": net, "x": xs, "w": ws, "error": str(exc)[:300]})
             continue
         ratio = min(ven.values()) / jit["nhwc"]
-        rows.append({"net": net, "x": xs, "w": ws, "attrs": attrs, "flops": p.flops, "vendor_us": ven,
-                     "jitops_us": jit, "ratio": ratio, "pick": str(s), "tflops": p.flops / jit["nhwc"] / 1e6})
+        row = {"net": net, "x": xs, "w": ws, "attrs": attrs, "flops": p.flops, "vendor_us": ven,
+               "jitops_us": jit, "ratio": ratio, "pick": str(s), "tflops": p.flops / jit["nhwc"] / 1e6}
+        if sweep and mma.why_not(p) is None:
+            row["mma_candidates_nhwc_us"] = sweep_mma(p, x.to(memory_format=CL), w, b, attrs)
+        rows.append(row)
         print(f"layer {net:18} x={xs} w={ws} s={st} g={g}: cuDNN {min(ven.values()):7.1f} jitops {jit['nhwc']:7.1f} "
               f"ratio {ratio:.2f} {s.algorithm}", flush=True)
     dump(out_dir, "layers", rows)
@@ -389,6 +419,9 @@ def small_cases() -> None:
     jitops.conv2d(xc, wc, b, padding=1, residual=rc, schedule=split)                       # split-K + NHWC reduce
     jitops.conv2d(x.bfloat16(), w.bfloat16(), b.bfloat16(), padding=1, schedule=fused)     # bf16
     jitops.conv2d(xc.float(), wc.float(), padding=1, residual=rc.float())                  # SIMT via NCHW transposes
+    wd = torch.randn(32, 1, 3, 3, device="cuda", generator=gen).half()
+    jitops.conv2d(xc, wd, padding=1, groups=32, residual=torch.randn(2, 32, 9, 11, device="cuda").half()
+                  .to(memory_format=CL), schedule="depthwise_nhwc")                   # NHWC depthwise
     torch.cuda.synchronize()
     print("small cases done")
 
@@ -410,8 +443,8 @@ def main() -> None:
     skip = set(args.skip.split(","))
     summary = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for name, fn in (("check", lambda: section_check(args.out)),
-                     ("bench", lambda: section_bench(args.out, args.budget * 0.45, not args.no_sweep)),
-                     ("layers", lambda: section_layers(args.out, args.budget * 0.85)),
+                     ("bench", lambda: section_bench(args.out, args.budget * 0.3, not args.no_sweep)),
+                     ("layers", lambda: section_layers(args.out, args.budget * 0.8, not args.no_sweep)),
                      ("resnet", lambda: section_resnet(args.out))):
         if name in skip:
             continue

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..device import DeviceInfo
-from . import conv2d_depthwise as depthwise
+from . import conv2d_depthwise
 from . import conv2d_mma as mma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
@@ -85,7 +85,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             dw = make_problem({"x": TensorSpec((1, 24, 9, 7), dtype, "nhwc"), "w": TensorSpec((24, 1, 3, 3), dtype),
                                "bias": TensorSpec((24,), dtype), "residual": TensorSpec((1, 24, 5, 4), dtype, "nhwc")},
                               {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
-            out.append((dw, depthwise.schedule()))                           # NHWC depthwise, 16-byte vectors
+            out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
             continue
         out += [
             (general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))),          # channel tail check

@@ -24,9 +24,9 @@ LAYOUT_BLOCK = 256
 TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3),
          (128, 64, 32, 2, 2, 4), (128, 64, 64, 2, 2, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3),
          (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3))
-# Fraction of the per-multiprocessor dense fp16 rate a warp tile sustains (mma.sync; guesses
-# until a device sweep fits them: 64x64 warp tiles reach ~60-70% in CUTLASS-style kernels).
-WARP_TILE_RATE = {(64, 64): 0.62, (64, 32): 0.5, (32, 64): 0.5, (32, 32): 0.36}
+# Fraction of the per-multiprocessor dense fp16 rate a warp tile sustains (mma.sync), from the
+# first H100 sweep (2026-11-23, docs/conv2d.md): 64x64 warp tiles ~0.25, 64x32 ~0.17, 32x32 ~0.12.
+WARP_TILE_RATE = {(64, 64): 0.26, (64, 32): 0.17, (32, 64): 0.17, (32, 32): 0.12}
 # Registers per thread by warp tile (ptxas, sm_90, BK 32), for residency.
 WARP_TILE_REGS = {(64, 64): 200, (64, 32): 128, (32, 64): 128, (32, 32): 80}
 
@@ -128,7 +128,8 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
               "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
               "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
-              "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype}
+              "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype,
+              "pointwise": p.is_pointwise}
     outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
     args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
             *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
@@ -208,7 +209,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
     per_sm = ceil_div(blocks, device.multiprocessors)
     warps = min(per_sm, resident) * wm * wn
-    occupancy = min(1.0, 0.5 + 0.5 * warps / 8)   # one 4-warp block hides about half the latency
+    occupancy = min(1.0, 0.85 + 0.15 * warps / 8)  # measured: a second block per SM adds little
     compute = per_sm * 2.0 * bm * bn * (per * bk + 64) / (rate * occupancy)
     isz = p.itemsize
     cs, _ = channels(p)
