@@ -15,6 +15,8 @@ Sections (each writes OUT_DIR/<section>.json as it finishes, so a cut-off run st
   resnet    ResNet-50 b8 fp16 channels_last, every conv through jitops.conv2d (BN folded, ReLU and
             the residual Add fused) against torch's own run, graph replay; output vs fp32 torch
   sanitize  compute-sanitizer memcheck and racecheck on one small case of each new kernel
+  ncu       shared-memory bank conflicts (ncu's MemoryWorkloadAnalysis tables) of the matrix-core
+            kernel on k100_2 (128 x 128 x 32 tile)
 """
 from __future__ import annotations
 
@@ -426,6 +428,30 @@ def small_cases() -> None:
     print("small cases done")
 
 
+def ncu_case() -> None:
+    """k100_2 once through the 128 x 128 x 32 matrix-core kernel (profiled by ncu)."""
+    x = torch.randn(16, 256, 32, 32, device="cuda").half().to(memory_format=CL)
+    w = torch.randn(256, 256, 3, 3, device="cuda").half() * 0.02
+    jitops.conv2d(x, w, padding=1, schedule=mma.mma_schedule(128, 128, 32, 2, 2, 4))
+    torch.cuda.synchronize()
+
+
+def section_ncu(out_dir: str) -> dict:
+    cmd = ["ncu", "--section", "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis",
+           "--kernel-name", "regex:conv2d_implicit_gemm_mma", "--launch-count", "1", sys.executable, __file__,
+           "--ncu-case"]
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        text, rc = proc.stdout, proc.returncode
+    except Exception as exc:  # noqa: BLE001
+        text, rc = f"{exc}", -1
+    keep = [ln for ln in text.splitlines() if any(k in ln.lower() for k in ("bank", "shared", "wavefront", "pipe",
+                                                                             "conv2d_", "issue", "executed ipc"))]
+    print("ncu:\n" + "\n".join(keep[-40:]), flush=True)
+    dump(out_dir, "ncu", {"rc": rc, "lines": keep, "tail": text[-4000:]})
+    return {"rc": rc}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default=".")
@@ -433,9 +459,13 @@ def main() -> None:
     ap.add_argument("--skip", default="")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--ncu-case", action="store_true")
     args = ap.parse_args()
     if args.small:
         small_cases()
+        return
+    if args.ncu_case:
+        ncu_case()
         return
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cudnn.benchmark = True
@@ -455,6 +485,8 @@ def main() -> None:
             traceback.print_exc()
             summary[name] = f"error: {exc}"
         dump(args.out, "summary", summary)
+    if "ncu" not in skip:
+        summary["ncu"] = section_ncu(args.out)
     if "sanitize" not in skip:      # last: the sanitized processes would disturb the timings
         summary["sanitize"] = section_sanitize_finish(section_sanitize_start(), args.out)
     dump(args.out, "summary", summary)

@@ -12,6 +12,8 @@ function of the template, so a wgmma loop can take its place under the same plan
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
@@ -23,12 +25,31 @@ LAYOUT_BLOCK = 256
 # (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
 TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3),
          (128, 64, 32, 2, 2, 4), (128, 64, 64, 2, 2, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3),
-         (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3))
-# Fraction of the per-multiprocessor dense fp16 rate a warp tile sustains (mma.sync), from the
-# first H100 sweep (2026-11-23, docs/conv2d.md): 64x64 warp tiles ~0.25, 64x32 ~0.17, 32x32 ~0.12.
-WARP_TILE_RATE = {(64, 64): 0.26, (64, 32): 0.17, (32, 64): 0.17, (32, 32): 0.12}
-# Registers per thread by warp tile (ptxas, sm_90, BK 32), for residency.
-WARP_TILE_REGS = {(64, 64): 200, (64, 32): 128, (32, 64): 128, (32, 32): 80}
+         (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3), (128, 32, 32, 4, 1, 4), (64, 32, 32, 2, 1, 4))
+
+
+@dataclass(frozen=True)
+class MmaCost:
+    """Constants of `estimate`, fitted by scripts/conv2d_mma_fit.py to an H100 sweep of every
+    candidate (docs/conv2d.md says how well the fit ranks them). The narrow tiles and the
+    channels-innermost split-K partials came after that sweep."""
+
+    # Fraction of the multiprocessor's dense fp16 rate each tile sustains (mma.sync); fitted to
+    # 2349 timed candidates on 108 problems, H100, 2026-11-23 (rms error 0.118 in log time).
+    tile_rate: dict = field(default_factory=lambda: {
+        (128, 128, 32, 2, 2): 0.308, (128, 128, 64, 2, 2): 0.258, (128, 256, 32, 2, 4): 0.439,
+        (256, 128, 32, 4, 2): 0.422, (128, 64, 32, 2, 2): 0.243, (128, 64, 64, 2, 2): 0.232,
+        (64, 128, 32, 2, 2): 0.237, (64, 128, 64, 2, 2): 0.229, (64, 64, 32, 2, 2): 0.162,
+        (64, 64, 64, 2, 2): 0.183,
+        (128, 32, 32, 4, 1): 0.16, (64, 32, 32, 2, 1): 0.14})   # narrow tiles for 16-32 output channels: guesses
+    overhead_k: float = 105.7      # prologue + epilogue of a block, in K elements of its tile
+    occ_floor: float = 0.792       # rate with one block per multiprocessor, of the rate with two or more
+    split_s: float = 2.78e-6       # the split-K reduction launch
+    split_eff: float = 0.188       # its bytes, of the copy bandwidth (partials are written and read back)
+
+
+# Registers per thread by warp tile (ptxas, sm_90), for residency.
+WARP_TILE_REGS = {(64, 64): 250, (64, 32): 160, (32, 64): 165, (32, 32): 110}
 
 
 def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split_k: int = 1,
@@ -188,10 +209,12 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     return out
 
 
-def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float) -> float:
-    """Seconds for one call: the busiest multiprocessor's blocks at the warp tile's share of the
-    dense fp16 rate (lowered when few warps are resident), or the bytes that must cross DRAM,
+def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
+             prm: MmaCost | None = None) -> float:
+    """Seconds for one call: the busiest multiprocessor's blocks at the tile's share of the dense
+    fp16 rate (lowered with one block per multiprocessor), or the bytes that must cross DRAM,
     whichever is larger; plus the NHWC copy and the split-K reduction."""
+    prm = prm or COST
     bm, bn, bk, wm, wn, stages = tile_of(s)
     if device.arch.startswith("sm_9"):
         peak_sm = 4096 * 1.83e9                   # dense fp16 flop/clock/SM x clock (H100 SXM)
@@ -199,7 +222,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         peak_sm = 2048 * 1.7e9
     else:
         peak_sm = 2048 * 1.41e9
-    rate = peak_sm * WARP_TILE_RATE.get((bm // wm, bn // wn), 0.3)
+    rate = peak_sm * prm.tile_rate.get((bm, bn, bk, wm, wn), 0.2)
     smem = shared_bytes(bm, bn, bk, stages)
     threads = wm * wn * device.warp_size
     regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
@@ -208,9 +231,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     splits, per = splits_of(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
     per_sm = ceil_div(blocks, device.multiprocessors)
-    warps = min(per_sm, resident) * wm * wn
-    occupancy = min(1.0, 0.85 + 0.15 * warps / 8)  # measured: a second block per SM adds little
-    compute = per_sm * 2.0 * bm * bn * (per * bk + 64) / (rate * occupancy)
+    occupancy = 1.0 if min(per_sm, resident) > 1 else prm.occ_floor
+    compute = per_sm * 2.0 * bm * bn * (per * bk + prm.overhead_k) / (rate * occupancy)
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
@@ -221,5 +243,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     if needs_nhwc_copy(p):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
-        t += launch_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.8 * bandwidth)
+        t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (prm.split_eff * bandwidth)
     return t
+
+
+COST = MmaCost()

@@ -98,7 +98,8 @@ def _splitk_launch(p: Conv2dProblem, splits: int, np_: int, idx: str, residual: 
         params["out_nhwc"] = True
     args = (Buf("partial"), *_bias_args(p), *((Buf("residual"),) if residual else ()), Buf("y"),
             *(Scalar("i32", v) for v in (p.pixels, np_, p.cout, p.oh * p.ow, splits)), Scalar("f32", p.alpha))
-    grid = (ceil_div(p.pixels, ELEMENTWISE_BLOCK), p.cout)
+    grid = (ceil_div(p.pixels * p.cout, ELEMENTWISE_BLOCK),) if out_nhwc else (ceil_div(p.pixels, ELEMENTWISE_BLOCK),
+                                                                               p.cout)
     _check_grid(grid, "split-K reduction")
     return Launch.make("conv2d/splitk.hip.j2", "conv2d_splitk_reduce", params, grid, (ELEMENTWISE_BLOCK,), args)
 
