@@ -1,6 +1,7 @@
 """Fit the matrix-core cost model (jitops/ops/conv2d_mma.MmaCost) to sweeps of scripts/device_conv2d.py.
 
-  python3 scripts/conv2d_mma_fit.py DIR [DIR ...]     (each DIR holds bench.json / layers.json)
+  python3 scripts/conv2d_mma_fit.py DIR [DIR ...]     (each DIR holds bench.json / layers.json, or
+                                                       .json.gz: docs/data/conv2d_mma_h100_2026-11-23)
 
 Every candidate timed in the sweeps (graph replay, fp16, channels_last) is one sample; the fit
 minimises the squared error of log time (scipy, Nelder-Mead over the tile rates and overheads).
@@ -9,12 +10,12 @@ fastest measured candidate (the heuristic's own quality, from measured times onl
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
 import re
 import sys
-from dataclasses import replace
 
 import numpy as np
 from scipy.optimize import minimize
@@ -38,30 +39,35 @@ def schedule_of(text: str):
     return mma.mma_schedule(*(int(d[k]) for k in ("bm", "bn", "bk", "wm", "wn", "stages")), split_k=int(d["split_k"]))
 
 
+def _load(d: str, name: str) -> list:
+    """DIR/name.json (a device run's output) or DIR/name.json.gz (as kept in docs/data)."""
+    for path, opener in ((os.path.join(d, f"{name}.json"), open), (os.path.join(d, f"{name}.json.gz"), gzip.open)):
+        if os.path.exists(path):
+            with opener(path, "rt") as f:
+                return json.load(f)
+    return []
+
+
 def samples(dirs: list[str]) -> list[tuple[str, object, dict]]:
     """(name, problem, {schedule text: us}) for every swept problem."""
     by_name = {p.name: p for p in PROBLEMS}
     out = []
     for d in dirs:
-        bench = os.path.join(d, "bench.json")
-        for r in json.load(open(bench)) if os.path.exists(bench) else []:
+        for r in _load(d, "bench"):
             if "mma_candidates_nhwc_us" not in r:
                 continue
             cp = by_name[r["problem"]]
             p = op.make_problem({"x": TensorSpec((cp.n, cp.cin, cp.h, cp.w), "float16", "nhwc"),
                                  "w": TensorSpec((cp.cout, cp.cin, cp.k, cp.k), "float16")}, {"padding": cp.pad})
             out.append((cp.name, p, r["mma_candidates_nhwc_us"]))
-        layers = os.path.join(d, "layers.json")
-        for r in json.load(open(layers)) if os.path.exists(layers) else []:
+        for r in _load(d, "layers"):
             if "mma_candidates_nhwc_us" not in r:
                 continue
             a = r["attrs"]
-            has_b = False
             p = op.make_problem({"x": TensorSpec(tuple(r["x"]), "float16", "nhwc"),
                                  "w": TensorSpec(tuple(r["w"]), "float16"), "bias": None},
                                 {"stride": tuple(a["stride"]), "padding": tuple(a["padding"]),
                                  "dilation": tuple(a["dilation"]), "groups": a["groups"]})
-            del has_b
             out.append((f"{r['net']} {r['x']} {r['w']}", p, r["mma_candidates_nhwc_us"]))
     return out
 

@@ -40,6 +40,9 @@ from jitops.ops import get_op  # noqa: E402
 from jitops.ops.base import TensorSpec  # noqa: E402
 from jitops.ops import conv2d_mma as mma  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from conv2d_resnet50 import section_resnet  # noqa: E402
+
 op = get_op("conv2d")
 timer = Timer(torch)
 PEAK = 989e12          # dense fp16 / bf16 tensor peak, H100 SXM / H200
@@ -223,7 +226,6 @@ def picked(xs, ws, attrs, dtype, layout="nhwc", has_b=False):
 
 def section_bench(out_dir: str, budget: float, sweep: bool) -> dict:
     rows = []
-    dev = jitops.get_backend().device
     for dtype in ("float16", "bfloat16"):
         for cp in PROBLEMS:
             if left(budget) < 0:
@@ -338,70 +340,6 @@ def section_layers(out_dir: str, budget: float, sweep: bool) -> dict:
     return summary
 
 
-# ---------------------------------------------------------------- ResNet-50 end to end
-
-def fold(conv, bn, dtype=torch.float16):
-    """Conv + inference BatchNorm as one conv with bias, folded in fp32, then cast."""
-    scale = bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)
-    w = conv.weight.float() * scale[:, None, None, None]
-    b = bn.bias.float() - bn.running_mean.float() * scale
-    return w.detach().to(dtype).contiguous(), b.detach().to(dtype).contiguous()
-
-
-class JitResNet(torch.nn.Module):
-    """torchvision ResNet-50 with every conv (BN folded, ReLU and the residual Add fused) through jitops."""
-
-    def __init__(self, model, pools):
-        super().__init__()
-        self.m = pools
-        self.stem = fold(model.conv1, model.bn1)
-        self.blocks = []
-        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
-            for blk in layer:
-                ds = fold(blk.downsample[0], blk.downsample[1]) if blk.downsample is not None else None
-                dss = blk.downsample[0].stride if blk.downsample is not None else None
-                self.blocks.append((fold(blk.conv1, blk.bn1), fold(blk.conv2, blk.bn2), blk.conv2.stride,
-                                    fold(blk.conv3, blk.bn3), ds, dss))
-
-    def forward(self, x):
-        w, b = self.stem
-        x = jitops.conv2d(x, w, b, stride=2, padding=3, activation="relu")
-        x = self.m.maxpool(x)
-        for c1, c2, s2, c3, ds, dss in self.blocks:
-            idn = x if ds is None else jitops.conv2d(x, ds[0], ds[1], stride=dss)
-            y = jitops.conv2d(x, c1[0], c1[1], activation="relu")
-            y = jitops.conv2d(y, c2[0], c2[1], stride=s2, padding=1, activation="relu")
-            x = jitops.conv2d(y, c3[0], c3[1], residual=idn, activation="relu")
-        x = torch.flatten(self.m.avgpool(x), 1)
-        return self.m.fc(x)
-
-
-def section_resnet(out_dir: str) -> dict:
-    import torchvision.models as tvm
-    torch.manual_seed(0)
-    model32 = tvm.resnet50().eval().cuda()
-    x32 = torch.randn(8, 3, 224, 224, device="cuda")
-    with torch.no_grad():
-        ref = model32(x32).double()
-        model = tvm.resnet50().eval().cuda()
-        model.load_state_dict(model32.state_dict())
-        model = model.half().to(memory_format=CL)
-        x = x32.half().to(memory_format=CL)
-        jm = JitResNet(model32, model)
-        y_t = model(x)
-        y_j = jm(x)
-        torch.cuda.synchronize()
-        res = {"err_torch_fp16_vs_fp32": rel_err(y_t, ref), "err_jitops_fp16_vs_fp32": rel_err(y_j, ref)}
-        res["torch_us"] = graph_us(lambda: model(x))
-        res["jitops_us"] = graph_us(lambda: jm(x))
-    res["ratio"] = res["torch_us"] / res["jitops_us"]
-    print(f"resnet50 b8 fp16 channels_last: torch {res['torch_us']:.0f} us, jitops {res['jitops_us']:.0f} us, "
-          f"ratio {res['ratio']:.2f}; errors vs fp32: torch {res['err_torch_fp16_vs_fp32']:.2e} "
-          f"jitops {res['err_jitops_fp16_vs_fp32']:.2e}", flush=True)
-    dump(out_dir, "resnet", res)
-    return res
-
-
 # ---------------------------------------------------------------- sanitizers
 
 def small_cases() -> None:
@@ -437,7 +375,7 @@ def ncu_case() -> None:
 
 
 def section_ncu(out_dir: str) -> dict:
-    cmd = ["ncu", "--section", "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis",
+    cmd = ["ncu", "--print-details", "all", "--section", "MemoryWorkloadAnalysis_Tables", "--section", "ComputeWorkloadAnalysis",
            "--kernel-name", "regex:conv2d_implicit_gemm_mma", "--launch-count", "1", sys.executable, __file__,
            "--ncu-case"]
     try:
@@ -475,7 +413,7 @@ def main() -> None:
     for name, fn in (("check", lambda: section_check(args.out)),
                      ("bench", lambda: section_bench(args.out, args.budget * 0.3, not args.no_sweep)),
                      ("layers", lambda: section_layers(args.out, args.budget * 0.8, not args.no_sweep)),
-                     ("resnet", lambda: section_resnet(args.out))):
+                     ("resnet", lambda: section_resnet(args.out, graph_us, rel_err, dump))):
         if name in skip:
             continue
         try:

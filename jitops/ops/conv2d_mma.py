@@ -31,21 +31,19 @@ TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 
 @dataclass(frozen=True)
 class MmaCost:
     """Constants of `estimate`, fitted by scripts/conv2d_mma_fit.py to an H100 sweep of every
-    candidate (docs/conv2d.md says how well the fit ranks them). The narrow tiles and the
-    channels-innermost split-K partials came after that sweep."""
+    candidate (docs/conv2d.md says how well the fit ranks them)."""
 
     # Fraction of the multiprocessor's dense fp16 rate each tile sustains (mma.sync); fitted to
-    # 2349 timed candidates on 108 problems, H100, 2026-11-23 (rms error 0.118 in log time).
+    # 2739 timed candidates on 108 problems, H100, 2026-11-23 (rms error 0.127 in log time).
     tile_rate: dict = field(default_factory=lambda: {
-        (128, 128, 32, 2, 2): 0.308, (128, 128, 64, 2, 2): 0.258, (128, 256, 32, 2, 4): 0.439,
-        (256, 128, 32, 4, 2): 0.422, (128, 64, 32, 2, 2): 0.243, (128, 64, 64, 2, 2): 0.232,
-        (64, 128, 32, 2, 2): 0.237, (64, 128, 64, 2, 2): 0.229, (64, 64, 32, 2, 2): 0.162,
-        (64, 64, 64, 2, 2): 0.183,
-        (128, 32, 32, 4, 1): 0.16, (64, 32, 32, 2, 1): 0.14})   # narrow tiles for 16-32 output channels: guesses
-    overhead_k: float = 105.7      # prologue + epilogue of a block, in K elements of its tile
-    occ_floor: float = 0.792       # rate with one block per multiprocessor, of the rate with two or more
-    split_s: float = 2.78e-6       # the split-K reduction launch
-    split_eff: float = 0.188       # its bytes, of the copy bandwidth (partials are written and read back)
+        (128, 128, 32, 2, 2): 0.322, (128, 128, 64, 2, 2): 0.268, (128, 256, 32, 2, 4): 0.445,
+        (256, 128, 32, 4, 2): 0.421, (128, 64, 32, 2, 2): 0.247, (128, 64, 64, 2, 2): 0.239,
+        (64, 128, 32, 2, 2): 0.240, (64, 128, 64, 2, 2): 0.236, (64, 64, 32, 2, 2): 0.167,
+        (64, 64, 64, 2, 2): 0.189, (128, 32, 32, 4, 1): 0.155, (64, 32, 32, 2, 1): 0.105})
+    overhead_k: float = 110.7      # prologue + epilogue of a block, in K elements of its tile
+    occ_floor: float = 0.785       # rate with one block per multiprocessor, of the rate with two or more
+    split_s: float = 1.36e-6       # the split-K reduction launch
+    split_eff: float = 0.688       # its bytes, of the copy bandwidth
 
 
 # Registers per thread by warp tile (ptxas, sm_90), for residency.
