@@ -57,13 +57,14 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
 
 def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = False, scale: float | None = None, *,
               out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """softmax(scale * q k^T + mask) v for q of shape [B, Sq, D] or [B, H, Sq, D]; fp32 or fp16.
+    """softmax(scale * q k^T + mask) v for q of shape [B, Sq, D] or [B, H, Sq, D]; fp32, fp16 or bf16.
 
     k, v: [B, Sk, D] or [B, Hk, Sk, D] with Hk dividing H (grouped-query attention). mask: additive,
     float32 or q's dtype, broadcastable to [B, H, Sq, Sk]. scale: default 1/sqrt(D).
     causal: True or "top_left" (key j visible to query i when j <= i, as torch SDPA's is_causal, also
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
-    Algorithms: "fused_mma" (fp16, matrix cores), "fused", "three_stage", "naive".
+    D: 1..256. Algorithms: "fused_mma" (fp16/bf16 on matrix cores: any D, padded inside the kernel;
+    grouped-query heads packed and keys split across blocks for decoding), "fused", "three_stage", "naive".
     """
     if out is None and schedule is None and (y := repeat_call(
             "attention", (q, k, v, mask), (causal, scale))) is not MISS:

@@ -36,6 +36,7 @@ class DiskCache:
     """Binaries by key. Failures of the cache itself degrade to 'miss', never to an error."""
 
     def __init__(self, directory: Path | None = None):
+        self._explicit = directory is not None
         self.directory = Path(directory) if directory else config.cache_dir() / "binaries"
         self._cache: Any = None
         self._broken = False
@@ -79,10 +80,34 @@ class DiskCache:
         cache = self._open()
         if cache is None:
             return
+        entry = {"binary": binary, "sha256": hashlib.sha256(binary).hexdigest(), "meta": dict(meta)}
         try:
-            cache.set(key, {"binary": binary, "sha256": hashlib.sha256(binary).hexdigest(), "meta": dict(meta)})
+            cache.set(key, entry)
         except Exception as exc:
-            log.warning("binary cache write failed for %s (%s)", key[:12], exc)
+            self._write_failed(key, entry, exc)
+
+    def _write_failed(self, key: str, entry: dict, exc: Exception) -> None:
+        """A write failed (disk full...): the default location moves to the process's fallback
+        directory (config warns once) and the entry is written there; an explicit directory, or
+        the fallback itself, is given up (warned once): compiled kernels then stay in memory."""
+        fallback = None if self._explicit else config.cache_write_failed(self.directory / "cache.db", exc)
+        with self._lock:
+            self.close()
+            if fallback is None:
+                log.warning("binary cache at %s: write failed (%s); compiled kernels are kept in memory only",
+                            self.directory, exc)
+                self._broken = True
+                return
+            self.directory = fallback / "binaries"
+        cache = self._open()
+        if cache is not None:
+            try:
+                cache.set(key, entry)
+            except Exception as again:
+                log.warning("binary cache at %s: write failed (%s); compiled kernels are kept in memory only",
+                            self.directory, again)
+                self.close()
+                self._broken = True
 
     def meta(self, key: str) -> dict | None:
         cache = self._open()
@@ -112,7 +137,10 @@ class DiskCache:
 
     def close(self) -> None:
         if self._cache is not None:
-            self._cache.close()
+            try:
+                self._cache.close()
+            except Exception:
+                pass
             self._cache = None
 
 

@@ -43,9 +43,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         except JitopsError as exc:
             print(f"{name:<12} unavailable: {str(exc).splitlines()[0]}")
     info = loader().disk.info()
-    print(f"cache        {config.cache_dir()}")
+    status = config.cache_status()
+    if status["reason"] is None:
+        print(f"cache        {status['in_use']}")
+    else:
+        print(f"cache        {status['in_use']} (temporary, this process only: {status['configured']} "
+              f"cannot be used: {status['reason']})")
     print(f"binaries     {info['entries']} entries, {_fmt_bytes(info['bytes'])}"
           + ("" if info["usable"] else " (cache unusable)"))
+    from .runtime import fastlaunch
+    launcher = fastlaunch.native_launcher()
+    print(f"launcher     {'unavailable (Python repeat path)' if launcher is None else fastlaunch.origin}")
     return 0
 
 
@@ -110,8 +118,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    ops = [o for part in (args.ops or []) for o in part.split(",") if o] or None
-    bench.run(ops, quick=args.quick, json_path=args.json, algorithms=args.algorithms)
+    from .bench import plot
+
+    if args.from_report:
+        report = plot.load(args.from_report)
+    else:
+        ops = [o for part in (args.ops or []) for o in part.split(",") if o] or None
+        report = bench.run(ops, quick=args.quick, json_path=args.json, algorithms=args.algorithms)
+    if args.markdown:
+        print(plot.markdown(report))
+    if args.plot:
+        print(f"drew {plot.plot(report, args.plot)}")
     return 0
 
 
@@ -146,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write results to this file")
     s.add_argument("--algorithms", choices=("all", "heuristic"), default="all",
                    help="time every applicable algorithm (default) or the scheduler's pick only")
+    s.add_argument("--plot", metavar="FILE", help="draw ratios and efficiency per op (.png/.svg; needs matplotlib)")
+    s.add_argument("--markdown", action="store_true", help="print per-op tables (for docs/performance.md)")
+    s.add_argument("--from", dest="from_report", metavar="REPORT",
+                   help="draw / tabulate an earlier --json report (.json or .json.gz) instead of running")
     s.set_defaults(func=cmd_bench)
 
     from .tuning.cli import add_subcommands as add_tuning_subcommands   # tune, records

@@ -1,7 +1,18 @@
-"""Where jitops finds its templates, schedules and cache, and the environment variables it reads."""
+"""Where jitops finds its templates, schedules and cache, and the environment variables it reads.
+
+The cache location is checked once per process (created, and a file written and removed in it).
+A location that cannot be used (below a file, read-only, full) is not an error: the process falls
+back to a private temporary directory, removed at exit, and warns once naming the location and
+the reason. A write that fails later (a disk filling up) makes the same switch.
+"""
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -41,14 +52,123 @@ def user_cache_root() -> Path:
     return base / "jitops"
 
 
-def cache_dir() -> Path:
-    """JITOPS_CACHE_DIR, else cache/ in a checkout, else the user cache dir."""
+def configured_cache_dir() -> Path:
+    """JITOPS_CACHE_DIR, else cache/ in a checkout, else the user cache dir (usable or not)."""
     env = os.environ.get(ENV_CACHE_DIR)
     if env:
         return Path(env).expanduser()
     if is_checkout():
         return _CHECKOUT_DIR / "cache"
     return user_cache_root()
+
+
+log = logging.getLogger("jitops.config")
+_cache_lock = threading.Lock()
+_unusable: dict[Path, str] = {}      # configured location -> why it cannot be used
+_checked: set[Path] = set()
+_fallback: Path | None = None
+
+
+def cache_dir() -> Path:
+    """The cache directory in use: the configured one, or this process's fallback when that one
+    cannot be used (see cache_status)."""
+    configured = configured_cache_dir()
+    if configured in _checked and configured not in _unusable:
+        return configured
+    with _cache_lock:
+        if configured not in _checked:
+            reason = _probe(configured)
+            _checked.add(configured)
+            if reason is not None:
+                _mark_unusable(configured, reason)
+        return _fallback_dir() if configured in _unusable else configured
+
+
+def cache_write_failed(path: Path, exc: BaseException) -> Path | None:
+    """A write of `path` into the cache failed (disk full, permissions changed...): switch this
+    process to its fallback directory (warning once). Returns the fallback to retry in, or None
+    when the failed write was already in the fallback (nothing better to offer)."""
+    configured = configured_cache_dir()
+    with _cache_lock:
+        if _fallback is not None and _is_within(path, _fallback):
+            return None
+        if configured not in _unusable:
+            _checked.add(configured)
+            _mark_unusable(configured, f"writing {path.name} failed: {exc}")
+        return _fallback_dir()
+
+
+def cache_status() -> dict[str, str | None]:
+    """Which cache is in use, for `jitops info`: {'configured', 'in_use', 'reason' (None if usable)}."""
+    in_use = cache_dir()
+    configured = configured_cache_dir()
+    return {"configured": str(configured), "in_use": str(in_use), "reason": _unusable.get(configured)}
+
+
+def _probe(directory: Path) -> str | None:
+    """None when a file can be created in `directory` (made if missing), else why not."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe-")
+        try:
+            os.write(fd, b"jitops")
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
+
+
+def _mark_unusable(configured: Path, reason: str) -> None:
+    _unusable[configured] = reason
+    warn(log, f"jitops cache directory {configured} cannot be used ({reason}); this process caches in "
+              f"{_fallback_dir()} instead (set {ENV_CACHE_DIR} to a writable directory to keep compiled "
+              f"kernels between runs)")
+
+
+class JitopsWarning(RuntimeWarning):
+    """Something degraded (cache location, native parts); jitops keeps working."""
+
+
+def warn(logger: logging.Logger, message: str) -> None:
+    """A WARNING record, shown even where the application configured no logging: jitops' own
+    NullHandler would otherwise swallow it, so then it goes out as a Python warning instead."""
+    logger.warning(message)
+    node: logging.Logger | None = logger
+    while node is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in node.handlers):
+            return
+        node = node.parent if node.propagate else None
+    import warnings
+    warnings.warn(message, JitopsWarning, stacklevel=3)
+
+
+def _fallback_dir() -> Path:
+    """One private temporary directory per process, removed at exit."""
+    global _fallback
+    if _fallback is None:
+        try:
+            _fallback = Path(tempfile.mkdtemp(prefix="jitops-cache-"))
+        except OSError:     # no writable temporary directory either: writers degrade one by one
+            return configured_cache_dir()
+        atexit.register(shutil.rmtree, str(_fallback), ignore_errors=True)
+    return _fallback
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def reset_cache_state() -> None:
+    """Forget what was found about cache locations (tests)."""
+    with _cache_lock:
+        _unusable.clear()
+        _checked.clear()
 
 
 def env_flag(name: str) -> bool:

@@ -11,6 +11,9 @@ contents while the tensor it came from is alive: once it is freed, the allocator
 address to the next tensor of that size, with a fresh version counter. Entries therefore hold
 weak references to the tensors they were computed from and are dropped when one has died.
 
+The native repeat path (FastCall) remembers entries' pointers; whatever frees or refills one
+tells it (memory_released), so it forgets them before their next use.
+
 The stream an entry was filled or used on may be gone by the time it matters (ONNX Runtime
 destroys a session's stream with the session), so waiting for it is a device-wide synchronize:
 rare (a new stream, an eviction) and valid whatever became of the old stream.
@@ -21,6 +24,8 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
+
+from .runtime.fastlaunch import memory_released
 
 
 @dataclass
@@ -61,6 +66,7 @@ class DerivedCache:
         if entry is not None and not entry.alive():
             # The memory it was computed from was freed and is now another tensor's: recompute in place.
             self.backend.synchronize()
+            memory_released()
             entry.guards, entry.stream, entry.shared = _guards(sources), stream, False
             self.entries.move_to_end(identity)
             return entry.ptrs, True
@@ -94,6 +100,7 @@ class DerivedCache:
         self.bytes -= entry.nbytes
         for ptr in entry.ptrs.values():
             self.backend.free(ptr)
+        memory_released()
 
     def release(self) -> None:
         """Free every copy (after synchronizing the streams that used them)."""
@@ -105,6 +112,7 @@ class DerivedCache:
         self.entries.clear()
         self.scratch = None
         self.bytes = 0
+        memory_released()
 
 
 def _guards(sources: Sequence[Any]) -> list[weakref.ref]:

@@ -11,11 +11,16 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from .ops.base import TensorSpec
+from .runtime.fastlaunch import memory_released
+
+_STREAMS_KEPT = 4     # streams whose per-call scratch a bound call keeps
 
 
 def torch_identity(t: Any) -> Hashable:
@@ -53,6 +58,7 @@ class BoundCall:
                  values: Sequence[Any] = ()) -> None:
         self.backend = backend
         self.lock = threading.Lock()
+        self._scratch: OrderedDict[int, tuple[dict[str, int], list]] = OrderedDict()   # stream -> per-call scratch
         torch = sys.modules.get("torch")
         self.is_torch = torch is not None and isinstance(first, torch.Tensor)
         if self.is_torch:
@@ -148,13 +154,16 @@ class BoundCall:
         return ns["fast"]
 
     def _native(self, values: Sequence[Any]) -> Any:
-        """The repeat call as one C object (runtime/native/jitops_launch.c, FastCall): where the
-        generated Python applies, torch arrays, and every step launches through the native launcher.
-        With the Dispatch in front of it, a cached call's own host work drops from ~3.5 to ~1.4 us on
-        a 2-core CPU (scripts/host_overhead.py): it matters when kernels take one or two."""
-        generated = self.run != self.call
-        if not self.is_torch or not generated or len(values) != self.input_count:
+        """The repeat call as one C object (runtime/native/jitops_fastcall.c, FastCall), for torch
+        arrays on a backend whose launches all go through the native launcher. Per-call scratch
+        (per stream) and derived data (per derived-from inputs' pointers and versions, guarded by
+        weak references) are remembered in C; Python is asked only on the first call on a stream
+        or with new derived-from inputs. With the Dispatch in front of it, a cached call's own
+        host work drops from ~3.5 to ~1.4 us on a 2-core CPU (scripts/host_overhead.py)."""
+        if not self.is_torch or self.set_sizes or len(values) != self.input_count:
             return None
+        if any(w.zero for w in self.temps) or bool(self.prepare_steps) != (self.derived is not None):
+            return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         tensor = sys.modules["torch"].Tensor
         if any(v is not None and (not isinstance(v, tensor) or not v.is_contiguous()) for v in values):
             return None
@@ -165,31 +174,98 @@ class BoundCall:
             return None
         from .runtime.fastlaunch import native_launcher
         module = native_launcher()
-        if module is None or not hasattr(module, "FastCall"):
+        if module is None or not hasattr(module, "memory_released"):
             return None
         outputs = []
         for name, spec, _, like in self.outputs:
             outputs.append((self.alloc_like, like) if like is not None else (_partial(self.alloc, spec), -1))
+        derived_names = [w.name for w in self.derived.workspaces] if self.derived is not None else []
+        scratch_names = [w.name for w in self.temps]
+        n_io = self.input_count + len(outputs)
+        source = {n: n_io + k for k, n in enumerate(derived_names)}
+        source.update({n: n_io + len(derived_names) + k for k, n in enumerate(scratch_names)})
         steps = []
         for (step, slots), native in zip(self.steps, natives):
             _, entry, handle, gx, gy, gz, bx, by, bz, shared = native
             if any(ctypes.sizeof(v) > 8 for v in step.packed.values):
                 return None     # FastCall keeps 8 bytes per argument
-            storage = b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values)
+            storage = bytearray(b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values))
             pointer_slots = []
             for index, where, _ in slots:
                 if isinstance(where, int):
                     pointer_slots.append((index, where))
+                elif where in source:
+                    pointer_slots.append((index, source[where]))
                 else:   # a persistent workspace: a constant of this plan
-                    storage = (storage[:8 * index] + int(self.persistent[where]).to_bytes(8, "little")
-                               + storage[8 * index + 8:])
-            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage, pointer_slots))
+                    storage[8 * index:8 * index + 8] = int(self.persistent[where]).to_bytes(8, "little")
+            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, bytes(storage), pointer_slots))
 
         def fail(index: int, rc: int, stream: int, params: int) -> None:
             fails[index](rc, params, stream)
 
         stream_fn, stream_arg = self.stream_parts
-        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect)
+        extra: list[Any] = [None, (), 0, None, 0]
+        if derived_names:
+            extra[:3] = [self._derive_for_native(derived_names, scratch_names), self.fingerprint_inputs_native,
+                         len(derived_names)]
+        if scratch_names:
+            extra[3:] = [self._scratch_for_native(scratch_names), len(scratch_names)]
+        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
+
+    # FastCall's callbacks hold the bound call weakly: FastCall takes no part in garbage collection,
+    # so a strong reference back (bound call -> FastCall -> callback -> bound call) would never be freed.
+    def _scratch_for_native(self, names: list[str]) -> Callable[[int], tuple[int, ...]]:
+        ref = weakref.ref(self)
+
+        def scratch(stream: int) -> tuple[int, ...]:
+            bound = _alive(ref)
+            with bound.lock:
+                found = bound.scratch(stream)
+            return tuple(found[n] for n in names)
+        return scratch
+
+    @property
+    def fingerprint_inputs_native(self) -> tuple[int, ...]:
+        return tuple(-1 if k is None else k for k in self.fingerprint_inputs)
+
+    def _derive_for_native(self, derived_names: list[str], scratch_names: list[str]) -> Callable:
+        """FastCall's question when it does not remember derived data for these inputs on this
+        stream: find it in the plan's DerivedCache, or fill it (the prepare launches, on `stream`)."""
+        ref = weakref.ref(self)
+
+        def derive(inputs: tuple, ptrs: tuple, stream: int) -> tuple[bool, tuple[int, ...]]:
+            bound = _alive(ref)
+            ids = tuple(torch_identity(inputs[k]) if k is not None and inputs[k] is not None else None
+                        for k in bound.fingerprint_inputs)
+            sources = [inputs[k] for k in bound.fingerprint_inputs if k is not None and inputs[k] is not None]
+            with bound.lock:
+                wptrs, fresh = bound.derived.get(ids, stream, sources)
+                if fresh:
+                    work = dict(bound.persistent)
+                    work.update(wptrs)
+                    if scratch_names:
+                        work.update(bound.scratch(stream))
+                    bound._launch(bound.prepare_steps, list(ptrs), work, stream)
+            return True, tuple(wptrs[n] for n in derived_names)
+        return derive
+
+    def scratch(self, stream: int) -> dict[str, int]:
+        """Per-call workspaces for launches on `stream`, kept per stream (calls on one stream run in
+        order, so each may reuse what the last one used). Allocated through the framework's
+        allocator, as outputs are: inside a CUDA-graph capture they come from the graph's pool,
+        where a device allocation would break the capture. The least recently used stream's copy
+        is dropped beyond a few (the allocator frees it in stream order: no synchronize)."""
+        found = self._scratch.get(stream)
+        if found is not None:
+            self._scratch.move_to_end(stream)
+            return found[0]
+        if len(self._scratch) >= _STREAMS_KEPT:
+            self._scratch.popitem(last=False)
+            memory_released()
+        keep = [self.alloc(TensorSpec((w.nbytes,), "uint8")) for w in self.temps]
+        ptrs = {w.name: self.pointer(t) for w, t in zip(self.temps, keep)}
+        self._scratch[stream] = (ptrs, keep)
+        return ptrs
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""
@@ -274,6 +350,13 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable
         return (np.ndarray, tuple(spec.shape), np.dtype(spec.dtype).num, True)
 
     return alloc_np, expected_np, np.empty_like, (_no_stream, None)
+
+
+def _alive(ref: weakref.ref) -> "BoundCall":
+    bound = ref()
+    if bound is None:
+        raise NoFastPath("this repeat call's plan was released")
+    return bound
 
 
 def _no_stream() -> int:

@@ -29,6 +29,23 @@ def emu(request):
 
 
 @pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """A private user-record file and shipped-schedules folder for one test: (user file, folder).
+    Prepared plans and the record store are dropped before and after, so no record leaks across."""
+    from jitops import config, engine, records
+    user = tmp_path / "cache" / "records" / "user.json"
+    shipped = tmp_path / "schedules"
+    shipped.mkdir()
+    monkeypatch.setattr(records, "user_records_path", lambda: user)
+    monkeypatch.setattr(config, "schedules_dir", lambda: shipped)
+    records.store().invalidate()
+    engine.clear_prepared()
+    yield user, shipped
+    records.store().invalidate()
+    engine.clear_prepared()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

@@ -4,6 +4,7 @@ Tolerances are relative to max |reference| (inputs of order 1):
 - fp32: fp32 dot products and sums, exp2 on the SFU (a few ulp): 2e-5.
 - fp16: inputs are exact in the reference; the output is rounded to fp16 (2^-11 of the largest value)
   and the matrix-core kernel also rounds P to fp16 before P V: 2e-3.
+- bf16: the same roundings with an 8-bit significand (2^-9, 8x fp16's half ulp): 1.6e-2.
 The matrix-core kernel runs on the emulator with its fragments done in software (warp 32: NVIDIA's
 mma.sync layouts, warp 64: AMD's MFMA layouts); the public emulator device has no matrix cores
 and refuses that schedule.
@@ -25,7 +26,7 @@ from jitops.runtime.cpu_backend import CpuBackend
 from conftest import rel_error
 
 op = get_op("attention")
-TOL = {"float32": 2e-5, "float16": 2e-3}
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 SIMT = ("fused", "three_stage", "naive")
 
 
@@ -38,7 +39,17 @@ def mma_emu(request):
         yield backend
 
 
+@pytest.fixture
+def mma_emu_device(emu):
+    """The emulator of `emu`'s warp size with matrix-core fragments emulated (tests only)."""
+    backend = CpuBackend(warp_size=emu.device.warp_size, checked=True)
+    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+    return backend
+
+
 def make(rng, q_shape, kv_shape, dtype="float32", mask_shape=None, mask_dtype="float32"):
+    if "bfloat16" in (dtype, mask_dtype):
+        pytest.importorskip("ml_dtypes")
     data = {"q": rng.standard_normal(q_shape).astype(dtype), "k": rng.standard_normal(kv_shape).astype(dtype),
             "v": rng.standard_normal(kv_shape).astype(dtype), "mask": None}
     if mask_shape is not None:
@@ -50,6 +61,13 @@ def expected(data, causal=False, scale=None):
     specs = {n: (TensorSpec(a.shape, a.dtype.name) if a is not None else None) for n, a in data.items()}
     problem = op.make_problem(specs, {"causal": causal, "scale": scale})
     return op.reference(problem, data)["out"]
+
+
+def _select(data, schedule):
+    from jitops.engine import select_schedule
+    specs = {n: (TensorSpec(a.shape, a.dtype.name) if a is not None else None) for n, a in data.items()}
+    problem = op.make_problem(specs, {"causal": False, "scale": None})
+    return select_schedule(op, problem, jitops.get_backend().device, schedule)
 
 
 def run_checked(data, schedule, causal=False, scale=None, tol=None):
@@ -165,10 +183,83 @@ def test_no_keys_and_empty_batches(emu, rng):
 
 # ---------------------------------------------------------------- matrix-core kernel (emulated fragments)
 
-@pytest.mark.parametrize("d", [32, 64, 128])
-def test_fused_mma_emulated(mma_emu, rng, d):
-    data = make(rng, (1, 2, 197, d), (1, 1, 77, d), "float16", mask_shape=(197, 77))
-    run_checked(data, "fused_mma", causal=d == 64)
+@pytest.mark.parametrize("d", [8, 20, 40, 72, 256])
+def test_fused_mma_any_head_dim(mma_emu, rng, d):
+    """D padded to a multiple of 16 inside the kernel: 8 (one k-step), 20 (not a multiple of 8: scalar
+    loads and stores), 40/72 (SD 1.5 and DiT; 16-byte rows), 256 (Q read from shared memory)."""
+    sq, sk = (37, 45) if d <= 72 else (19, 24)
+    data = make(rng, (1, 2, sq, d), (1, 1, sk, d), "float16", mask_shape=(sq, sk) if d in (20, 72) else None)
+    run_checked(data, "fused_mma", causal=d in (40, 256))
+
+
+def test_bf16_every_algorithm(emu, mma_emu_device, rng):
+    """bfloat16 (numpy ml_dtypes) through the SIMT kernels and, with emulated fragments, fused_mma
+    (prefill with a bf16 mask and causal; decoding with packed heads and split keys)."""
+    data = make(rng, (1, 2, 21, 32), (1, 1, 30, 32), "bfloat16", mask_shape=(21, 30), mask_dtype="bfloat16")
+    for algorithm in SIMT:
+        run_checked(data, algorithm, causal=True)
+    with use_backend(mma_emu_device):
+        run_checked(data, "fused_mma", causal=True)
+        dec = make(rng, (2, 8, 1, 40), (2, 2, 200, 40), "bfloat16")
+        out = run_checked(dec, Schedule.make("fused_mma", **DECODE, splits=3, pack=True), causal="bottom_right")
+        assert out.dtype.name == "bfloat16"
+
+
+def test_fused_mma_picks_padded_head_dims(mma_emu, rng):
+    """With matrix cores every D runs fused_mma (SD 1.5's D=40 used to fall back to three_stage)."""
+    data = make(rng, (1, 2, 20, 40), (1, 2, 30, 40), "float16")
+    sched, _ = _select(data, None)
+    assert sched.algorithm == "fused_mma" and "padded to 48" in sched.why
+    run_checked(data, None, causal=True)          # the kernel of test_fused_mma_any_head_dim[40]
+
+
+DECODE = dict(warps=4, row_groups=1, block_k=32, key_warps=2)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1), (16, 2)])
+def test_decode_split_kv_gqa(mma_emu, rng, heads, kv_heads):
+    """Sq = 1 and 3 against Sk = 300: GQA ratios 1, 4, 8 and MQA, query heads packed into one row set,
+    two warps splitting each K/V tile, keys split over 5 blocks (partials + merge kernel)."""
+    pack = heads > kv_heads
+    for sq in (1, 3):
+        data = make(rng, (2, heads, sq, 40), (2, kv_heads, 300, 40), "float16")
+        sched = Schedule.make("fused_mma", **DECODE, splits=5, **({"pack": True} if pack else {}))
+        run_checked(data, sched, causal="bottom_right")
+    specs = {n: TensorSpec(a.shape, a.dtype.name) for n, a in data.items() if a is not None}
+    plan = op.plan(op.make_problem({**specs, "mask": None}, {}), sched, mma_emu.device)
+    assert [launch.kernel for launch in plan.launches] == ["attention_fused_mma", "attention_merge"]
+    assert plan.launches[0].grid[0] == 2 * (heads // (heads // kv_heads if pack else 1)) * 5
+
+
+def test_decode_split_kv_mask_and_hidden_keys(mma_emu, rng):
+    """A per-head mask that hides every key of the first split and one query entirely; large logits."""
+    data = make(rng, (1, 8, 2, 40), (1, 2, 200, 40), "float16", mask_shape=(1, 8, 2, 200))
+    data["mask"][..., :64] = -np.inf              # split 0 (64 keys) sees nothing: its lse is -inf
+    data["mask"][0, 3, 1] = -np.inf               # head 3, query 1: no key at all -> 0
+    data["mask"][0, 5] += 300.0                   # large logits on one head
+    sched = Schedule.make("fused_mma", **DECODE, splits=3, pack=True)
+    out = run_checked(data, sched, tol=4e-3)
+    assert np.all(out[0, 3, 1] == 0)
+    run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, pack=True), tol=4e-3)
+
+
+def test_deeper_copy_pipelines(mma_emu, rng):
+    """3 and 4 K/V buffers in a ring (more tiles in flight): tile counts below, at and above the depth."""
+    for sk in (70, 230):                 # 2 + 1 and 4 + 4 tiles per split
+        data = make(rng, (1, 4, 2, 24), (1, 1, sk, 24), "float16")
+        for stages in (3, 4):
+            run_checked(data, Schedule.make("fused_mma", **DECODE, pack=True, stages=stages, splits=2),
+                        causal="bottom_right")
+    data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")
+    run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16, stages=3), causal=True)
+
+
+def test_causal_sq_not_sk_on_matrix_cores(mma_emu, rng):
+    """Causal with Sq != Sk, both diagonals, through the prefill tiles and the split-KV path."""
+    data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")
+    for causal in ("top_left", "bottom_right"):
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16), causal=causal)
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16, splits=3), causal=causal)
 
 
 def test_fused_mma_tiles_and_edges(mma_emu, rng):
@@ -204,13 +295,40 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
     h100 = KNOWN_TARGETS["sm_90"]
     assert op.heuristic(problem("float16", 64), h100).algorithm == "fused_mma"
     assert op.heuristic(problem("float32", 64), h100).algorithm == "fused"
-    assert op.heuristic(problem("float16", 40), h100).algorithm == "three_stage"
+    assert op.heuristic(problem("float16", 40), h100).algorithm == "fused_mma"
+    assert op.heuristic(problem("float16", 40), emu.device).algorithm == "three_stage"   # no matrix cores
     assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
     assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
     big = op.heuristic(problem("float16", 64, sq=2048), h100)
     assert (big["warps"], big["row_groups"]) == (8, 1) and "matrix cores" in big.why
     small = op.heuristic(problem("float16", 64, sq=16), h100)      # few rows: smaller blocks, more of them
     assert 16 * small["warps"] * small["row_groups"] < 128
+
+
+def test_scheduler_decoding_and_model_shapes():
+    """On an H100-class target: decoding packs GQA/MQA heads, splits each tile's keys over the warps and
+    the keys over ~3 blocks per SM (the choices the H100 sweep of 2026-11-23 measured fastest); D=40,
+    72 and 256 stay on the matrix cores."""
+    from jitops.device import KNOWN_TARGETS
+    h100 = KNOWN_TARGETS["sm_90"]
+
+    def pick(q, kv, causal=False):
+        specs = {"q": TensorSpec(q, "float16"), "k": TensorSpec(kv, "float16"), "v": TensorSpec(kv, "float16"),
+                 "mask": None}
+        return op.heuristic(op.make_problem(specs, {"causal": causal}), h100)
+
+    llama = pick((16, 32, 1, 128), (16, 8, 4096, 128))
+    assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama["splits"] == 3
+    falcon = pick((16, 71, 1, 64), (16, 1, 2048, 64))
+    assert falcon.get("pack") and falcon["warps"] == 8 and falcon["key_warps"] == 4 and falcon["splits"] == 8
+    assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why
+    mha = pick((16, 32, 1, 128), (16, 32, 4096, 128))          # 512 row sets already fill the device
+    assert mha.get("splits", 1) == 1 and not mha.get("pack")
+    prefill = pick((1, 32, 2048, 128), (1, 8, 2048, 128), True)
+    assert (prefill["warps"], prefill["row_groups"], prefill["q_regs"]) == (4, 2, False)
+    for d in (40, 72, 256):
+        assert pick((2, 8, 1024, d), (2, 8, 1024, d)).algorithm == "fused_mma"
+    assert pick((1, 16, 2048, 256), (1, 16, 2048, 256), True)["warps"] == 8
 
 
 def test_matrix_core_schedule_is_refused_on_the_emulator(emu, rng):

@@ -184,3 +184,45 @@ def test_dynamic_model_needs_input_shapes(tmp_path):
     m = create_bundle(model, ["cpu"], tmp_path / "b", input_shapes={"x": (4, 16)}, progress=False)
     assert m["problems"][0]["problem"].startswith("leaky_relu:x=64")
     assert np.asarray(m["model"]["input_shapes"]["x"]).tolist() == [4, 16]
+
+
+def test_input_shape_values_per_dim_make_shape_sets():
+    from jitops.onnx.bundle_build import parse_input_shapes
+    assert parse_input_shapes(["x=1x3x8x8"]) == {"x": (1, 3, 8, 8)}
+    assert parse_input_shapes(["x=1,8x3x8x8", "m=2x3"]) == [{"x": (1, 3, 8, 8), "m": (2, 3)},
+                                                             {"x": (8, 3, 8, 8), "m": (2, 3)}]
+    assert parse_input_shapes(["x=1x4", "x=2x4"]) == [{"x": (1, 4)}, {"x": (2, 4)}]
+    with pytest.raises(JitopsError, match="same number of shapes"):
+        parse_input_shapes(["x=1,2,3x4", "m=1,2x4"])
+
+
+def test_bundle_of_several_batch_sizes_serves_each_with_zero_compiles(tmp_path):
+    """A symbolic-batch model bundled for batch 1 and 4: one rewritten model, kernels of both sizes."""
+    from jitops.onnx.testing import single_op_model
+    rng = np.random.default_rng(5)
+    model = single_op_model("LayerNormalization", {"x": ("N", 24)},
+                            {"s": rng.random(24).astype(np.float32) + 0.5, "b": rng.random(24).astype(np.float32)},
+                            {"axis": -1}, opset=17, output_shape=("N", 24))
+    path = tmp_path / "ln.onnx"
+    onnx.save(model, path)
+    out = tmp_path / "ln.jitops"
+    m = create_bundle(path, ["cpu"], out, input_shapes=[{"x": (1, 24)}, {"x": (4, 24)}], progress=False)
+    assert sorted(p["problem"].split(":")[1].split(",")[0] for p in m["problems"]) == ["x=1x24", "x=4x24"]
+    assert m["model"]["input_shapes"] == [{"x": [1, 24]}, {"x": [4, 24]}]
+    bundled = onnx.load(out / "model.onnx")
+    assert bundled.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"     # still symbolic
+    script = f"""
+        import json, numpy as np, onnx, jitops, jitops.onnx as jo
+        from jitops.cache import loader
+        from jitops.onnx.testing import run_native, max_rel_error
+        bundle = jitops.load_bundle({str(out)!r})
+        sess = jo.session(str(bundle.model_path), providers=["CPUExecutionProvider"])
+        errors = []
+        for n in (1, 4):
+            x = np.random.default_rng(n).standard_normal((n, 24)).astype(np.float32)
+            ref = run_native(onnx.load({str(path)!r}), {{"x": x}})[0]
+            errors.append(max_rel_error(sess.run(None, {{"x": x}})[0], ref))
+        print(json.dumps({{"errors": errors, "compiles": loader().stats.compiles, "hits": loader().stats.bundle_hits}}))
+    """
+    res = _run_fresh(tmp_path, script)
+    assert res["compiles"] == 0 and res["hits"] >= 1 and max(res["errors"]) < 1e-5

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
 
-TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +26,7 @@ def gpu_backend():
 
 def algorithms(dtype):
     out = ["fused", "three_stage", "naive", None]
-    if dtype == torch.float16 and jitops.get_backend().device.matrix_cores:
+    if dtype in (torch.float16, torch.bfloat16) and jitops.get_backend().device.matrix_cores:
         out.insert(0, "fused_mma")
     return out
 
@@ -160,3 +160,41 @@ def test_non_default_stream_and_graph_capture():
         g.replay()
         torch.cuda.synchronize()
         assert float((res.double() - ref).abs().max() / ref.abs().max()) <= TOL[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [8, 40, 72, 80, 96, 160, 256])
+def test_any_head_dim_on_matrix_cores(dtype, d):
+    """Every D runs fused_mma (padded to a multiple of 16 in the kernel), with a mask and causal."""
+    q, k, v = randn(2, 4, 300, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype)
+    mask = randn(300, 333)
+    check(q, k, v, schedule="fused_mma")
+    check(q, k, v, mask, causal=True, schedule="fused_mma")
+    op = get_op("attention")
+    specs = {n: TensorSpec(tuple(t.shape), str(dtype).split(".")[1]) for n, t in (("q", q), ("k", k), ("v", v))}
+    if jitops.get_backend().device.matrix_cores:
+        assert op.heuristic(op.make_problem({**specs, "mask": None}, {}), jitops.get_backend().device).algorithm \
+            == "fused_mma"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(32, 32), (32, 8), (32, 4), (16, 1)])
+def test_decode_split_kv(dtype, heads, kv_heads):
+    """Sq = 1 and 4 against Sk up to 8192: GQA ratios 1/4/8 and MQA; the scheduler packs heads and splits keys."""
+    for sq, sk in ((1, 8192), (4, 1000)):
+        q = randn(2, heads, sq, 128, dtype=dtype)
+        k, v = randn(2, kv_heads, sk, 128, dtype=dtype), randn(2, kv_heads, sk, 128, dtype=dtype)
+        check(q, k, v)
+        check(q, k, v, causal="bottom_right")
+    mask = torch.zeros(2, heads, 1, 8192, device="cuda")
+    mask[..., :4096] = float("-inf")          # whole splits without a visible key
+    q = randn(2, heads, 1, 128, dtype=dtype)
+    k, v = randn(2, kv_heads, 8192, 128, dtype=dtype), randn(2, kv_heads, 8192, 128, dtype=dtype)
+    check(q, k, v, mask)
+
+
+def test_bf16_matches_sdpa():
+    q, k, v = (randn(4, 8, 512, 64, dtype=torch.bfloat16) for _ in range(3))
+    out = check(q, k, v, causal=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert float((out.double() - sdpa.double()).abs().max()) <= 2 * TOL[torch.bfloat16] * float(sdpa.abs().max())

@@ -1,6 +1,6 @@
 """End-to-end tune of the example model on a real GPU (pytest -m gpu -s prints the summary).
 
-Targets (issue 7): the ~20 conv/norm problems tune in <= 3 minutes with the default budget; after
+Targets: the ~20 conv/norm problems tune in <= 3 minutes with the default budget; after
 tuning no problem is slower than its heuristic schedule (checked by timing both again, afresh);
 tuning again is answered from the records in seconds.
 """

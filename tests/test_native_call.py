@@ -2,8 +2,8 @@
 backend: kernels compile and load like the emulator's, launches are recorded, nothing runs. What
 is checked: each repeat call launches with its own arrays' pointers and the plan's scalars; a call
 whose signature differs takes the general path (and its errors); every public function finds its
-repeat path (every one whose plans have no derived data); launch failures raise; clear_prepared
-forgets the native calls."""
+repeat path (derived data and per-call scratch included); launch failures raise; clear_prepared
+forgets the native calls; derived data is recomputed exactly when its inputs change or die."""
 from __future__ import annotations
 
 import struct
@@ -76,8 +76,12 @@ def test_other_signatures_take_the_general_path(probe):
 
 CASES = {
     "leaky_relu": lambda t: ((t(4, 100),), dict(alpha=0.2)),
-    # depthwise: the direct kernel, no derived weights (plans with derived data keep the Python path)
+    # depthwise: the direct kernel, no derived weights
     "conv2d": lambda t: ((t(1, 8, 12, 12), t(8, 1, 3, 3), t(8)), dict(groups=8, padding=1, activation="relu")),
+    # Winograd (transformed filters: derived data; per-call scratch), split-K 1x1 (packed weights, partials)
+    "conv2d-winograd": lambda t: ((t(1, 16, 12, 12), t(16, 16, 3, 3), t(16)), dict(padding=1)),
+    "conv2d-split-k": lambda t: ((t(1, 16, 8, 8), t(32, 16, 1, 1), None), dict()),
+    "batch_norm": lambda t: ((t(2, 8, 5, 5), t(8), t(8).abs() + 0.5, t(8), t(8)), dict(eps=1e-3)),
     "attention": lambda t: ((t(2, 16, 32), t(2, 16, 32), t(2, 16, 32)), dict(causal=True)),
     "group_norm": lambda t: ((t(2, 8, 5, 5), 4, t(8), t(8)), dict(eps=1e-3)),
     "layer_norm": lambda t: ((t(6, 64), 64, t(64), t(64)), dict(eps=1e-3)),
@@ -85,13 +89,12 @@ CASES = {
 }
 
 
-# batch_norm is missing on purpose: its plans fold the statistics into derived data, and plans
-# with derived data (also conv2d with packed or Winograd weights) keep the Python repeat path.
-@pytest.mark.parametrize("op_name", list(CASES))
-def test_every_public_function_finds_its_repeat_path(probe, monkeypatch, op_name):
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_public_function_finds_its_repeat_path(probe, monkeypatch, case):
     """The tuples each public function passes to repeat_call must list inputs and attributes in
     the order engine.run registered them; a mismatch would silently cost the slow path."""
-    args, kwargs = CASES[op_name](lambda *shape: torch.randn(*shape))
+    args, kwargs = CASES[case](lambda *shape: torch.randn(*shape))
+    op_name = case.split("-")[0]
     fn = getattr(jitops, op_name)
     fn(*args, **kwargs)
     assert len(engine._cache.dispatch.get(op_name, ())) == 1, "no native repeat path for this problem"
@@ -135,3 +138,139 @@ def test_emulator_results_unchanged_by_the_probe(emu):
         np.testing.assert_allclose(y.numpy(), np.where(x > 0, x, 0.3 * x), rtol=1e-6)
     assert "leaky_relu" not in engine._cache.dispatch
     assert get_op("leaky_relu") is not None
+
+
+# ---------------------------------------------------------------- derived data and scratch in C
+
+def bound_for(op_name, backend):
+    return next(b for k, b in reversed(engine._cache.bound.items()) if b and k[0] == op_name and k[1] is backend)
+
+
+def launches(backend):
+    return last_launch(backend, 0)[0]
+
+
+def workspace_arg(bound, backend, names):
+    """The pointer of one of the named workspaces, as the last main launch reading it received it."""
+    step, index = next((step, i) for step, slots in bound.steps for i, where, _ in slots if where in names)
+    return backend.native.probe_args(step.kernel.handle, len(step.packed.values))[index]
+
+
+def derived_arg(bound, backend):
+    return workspace_arg(bound, backend, {w.name for w in bound.derived.workspaces})
+
+
+@pytest.mark.parametrize("case", ["conv2d-winograd", "conv2d-split-k", "batch_norm"])
+def test_derived_data_recomputed_exactly_when_its_inputs_change(probe, monkeypatch, case):
+    t = lambda *shape: torch.randn(*shape)              # noqa: E731
+    args, kwargs = CASES[case](t)
+    op_name = case.split("-")[0]
+    fn = getattr(jitops, op_name)
+    fn(*args, **kwargs)                                  # general path: binds, fills the derived data
+    bound = bound_for(op_name, probe)
+    assert bound.native is not None and bound.derived is not None and bound.prepare_steps
+    main, prep = len(bound.steps), len(bound.prepare_steps)
+    src = bound.fingerprint_inputs[0]                   # the weight (conv2d) or mean (batch_norm)
+    monkeypatch.setattr(engine, "run", lambda *a, **k: pytest.fail("general path taken"))
+
+    def call(new_args):
+        before = launches(probe)
+        fn(*new_args, **kwargs)
+        return launches(probe) - before, derived_arg(bound, probe)
+
+    n, first_ptr = call(args)
+    assert n in (main, main + prep)                     # C may ask Python once (the Python path filled it)
+    assert call(args) == (main, first_ptr)              # remembered in C: no prepare launch
+
+    other = list(args)
+    other[src] = t(*args[src].shape)                     # a second layer of the same shape
+    n, other_ptr = call(other)
+    assert n == main + prep and other_ptr != first_ptr
+    for _ in range(2):                                   # alternating layers: both remembered
+        assert call(args) == (main, first_ptr)
+        assert call(other) == (main, other_ptr)
+
+    args[src].add_(1.0)                                  # in place: version counter bumped
+    n, changed_ptr = call(args)
+    assert n == main + prep                              # recomputed (a new identity, a new entry)
+    assert call(args) == (main, changed_ptr)
+
+    base = torch.randn(args[src].numel() * 2)           # views of one buffer: same pointer, same version
+    view = base[: args[src].numel()].view(args[src].shape)
+    mixed = list(args)
+    mixed[src] = view
+    n, view_ptr = call(mixed)
+    assert n == main + prep
+    assert call(mixed)[0] == main
+    del view, mixed
+    mixed = list(args)
+    mixed[src] = base[: args[src].numel()].view(args[src].shape)   # the first view died: not trusted
+    assert call(mixed)[0] == main + prep
+
+
+def test_repeat_calls_allocate_only_outputs_and_never_synchronize(probe, monkeypatch):
+    """CUDA-graph friendliness: no device allocation (scratch kept per stream, derived data
+    remembered), no synchronize, on a repeat call."""
+    args, kwargs = CASES["conv2d-winograd"](lambda *shape: torch.randn(*shape))
+    jitops.conv2d(*args, **kwargs)
+    jitops.conv2d(*args, **kwargs)
+    bound = bound_for("conv2d", probe)
+    temps = {w.name for w in bound.temps}
+    assert temps, "this case should have per-call scratch"
+    scratch = workspace_arg(bound, probe, temps)
+    monkeypatch.setattr(probe, "alloc", lambda *a: pytest.fail("device allocation on a repeat call"))
+    monkeypatch.setattr(probe, "synchronize", lambda *a: pytest.fail("synchronize on a repeat call"))
+    monkeypatch.setattr(probe, "memset", lambda *a: pytest.fail("memset on a repeat call"))
+    outs = [jitops.conv2d(*args, **kwargs) for _ in range(3)]
+    assert workspace_arg(bound, probe, temps) == scratch
+    assert len({o.data_ptr() for o in outs}) == 3
+
+
+def test_freed_derived_memory_is_never_used(probe):
+    """A FastCall held past clear_prepared (which frees derived data and scratch) asks again."""
+    args, kwargs = CASES["batch_norm"](lambda *shape: torch.randn(*shape))
+    jitops.batch_norm(*args, **kwargs)
+    bound = bound_for("batch_norm", probe)
+    native = bound.native
+    main, prep = len(bound.steps), len(bound.prepare_steps)
+    before = launches(probe)
+    native(tuple(args))
+    native(tuple(args))
+    assert launches(probe) - before == 2 * main
+    engine.clear_prepared()
+    before = launches(probe)
+    native(tuple(args))
+    assert launches(probe) - before == main + prep       # refilled, not the freed entry
+
+
+def test_dispatch_finds_any_of_many_signatures(probe, monkeypatch):
+    """Found by hash, not among the newest few: 40 shapes bound, every one repeats natively."""
+    xs = [torch.randn(64 + k) for k in range(40)]
+    for x in xs:
+        jitops.leaky_relu(x, 0.1)
+    assert len(engine._cache.dispatch["leaky_relu"]) == 40
+    monkeypatch.setattr(engine, "run", lambda *a, **k: pytest.fail("general path taken"))
+    for x in reversed(xs):
+        y = jitops.leaky_relu(x, 0.1)
+        assert last_launch(probe, 2)[3] == [x.data_ptr(), y.data_ptr()]
+    monkeypatch.undo()
+    seen = []
+    real = engine._run_general
+    monkeypatch.setattr(engine, "_run_general", lambda *a, **k: seen.append(1) or real(*a, **k))
+    jitops.leaky_relu(xs[0], 0.2)                        # another attribute: a miss, the general path
+    assert seen == [1]
+
+
+def test_released_bound_calls_are_freed(probe):
+    """A bound call with derived data and scratch is freed once the engine drops it (its FastCall's
+    callbacks must not keep it alive: FastCall takes no part in garbage collection)."""
+    import gc
+    import weakref
+    args, kwargs = CASES["conv2d-winograd"](lambda *shape: torch.randn(*shape))
+    jitops.conv2d(*args, **kwargs)
+    jitops.conv2d(*args, **kwargs)
+    bound = weakref.ref(bound_for("conv2d", probe))
+    assert bound().native is not None and bound()._scratch
+    engine.clear_prepared()
+    gc.collect()
+    assert bound() is None

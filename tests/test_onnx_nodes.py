@@ -172,3 +172,40 @@ def test_mixed_dtype_constants_are_cast_to_the_data_dtype():
                           [tensor_info("y", (4, 8), "float16")])
     [q] = jo.map_nodes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
     assert not q.supported and "mixed dtypes" in q.reason
+
+
+def test_head_split_and_sdpa_scale_are_known_under_a_symbolic_batch():
+    """torch's head split: Reshape(x, Concat(Shape(x)[0], H, Shape(x)[1], Shape(x)[2] / H)); onnx's data
+    propagation loses the head dim at the symbolic batch, the rewrite's evaluator keeps it."""
+    from jitops.onnx.graph import GraphView
+    n = helper.make_node
+    c = {"i0": np.array(0, np.int64), "i1": np.array(1, np.int64), "i2": np.array(2, np.int64),
+         "heads": np.array([4], np.int64), "h": np.array(4, np.int64), "ax0": np.array([0], np.int64),
+         "one": np.array(1.0, np.float32), "m1": np.array([-1], np.int64), "big": np.array([2**62], np.int64)}
+    nodes = [n("Shape", ["x"], ["s"]), n("Gather", ["s", "i0"], ["b"]), n("Gather", ["s", "i1"], ["t"]),
+             n("Gather", ["s", "i2"], ["c"]), n("Div", ["c", "h"], ["d"]),
+             n("Unsqueeze", ["b", "ax0"], ["b1"]), n("Unsqueeze", ["t", "ax0"], ["t1"]),
+             n("Unsqueeze", ["d", "ax0"], ["d1"]), n("Concat", ["b1", "heads", "t1", "d1"], ["target"], axis=0),
+             n("Reshape", ["x", "target"], ["q"]),
+             n("Shape", ["q"], ["qs"]), n("Slice", ["qs", "m1", "big"], ["last"]), n("Cast", ["last"], ["lf"], to=1),
+             n("Sqrt", ["lf"], ["r"]), n("Div", ["one", "r"], ["inv"]), n("Sqrt", ["inv"], ["s4"])]
+    g = helper.make_graph(nodes, "split", [tensor_info("x", ["B", 6, 32])], [tensor_info("s4", None)],
+                          [numpy_helper.from_array(v, k) for k, v in c.items()])
+    view = GraphView(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert view.shape("q") == (None, 4, 6, 8)
+    assert view.scalar("s4") == pytest.approx(8 ** -0.25)
+    assert view.scalar("d") is not None and view.scalar("b") is None      # the batch stays unknown
+
+
+def test_a_matcher_that_fails_leaves_its_node_to_onnx_with_the_error(monkeypatch):
+    from jitops.onnx import matchers
+
+    def broken(view, node, fuse, namer):
+        raise IndexError("list index out of range")
+        yield  # pragma: no cover
+
+    monkeypatch.setitem(matchers.MATCHERS, "Conv", broken)
+    model = _conv_model()
+    [p] = jo.map_nodes(model)
+    assert not p.supported and "could not analyse" in p.reason and "IndexError" in p.reason
+    assert jo.rewrite(model).graph.node[0].op_type == "Conv"

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from jitops import config, engine, records
+from jitops import engine, records
 from jitops.cli import main
 from jitops.device import KNOWN_TARGETS
 from jitops.ops import get_op
@@ -24,19 +24,7 @@ FAST = Schedule.make("vectorized", vec=4, unroll=2, block=128, waves=8, streamin
 OTHER = Schedule.make("vectorized", vec=2, unroll=1, block=512, waves=0, streaming=True)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Private user-record file and shipped schedules dir for each test."""
-    user = tmp_path / "cache" / "records" / "user.json"
-    shipped = tmp_path / "schedules"
-    shipped.mkdir()
-    monkeypatch.setattr(records, "user_records_path", lambda: user)
-    monkeypatch.setattr(config, "schedules_dir", lambda: shipped)
-    store().invalidate()
-    engine.clear_prepared()
-    yield user, shipped
-    store().invalidate()
-    engine.clear_prepared()
+pytestmark = pytest.mark.usefixtures("isolated")   # conftest: private records for every test
 
 
 def rec(device, schedule=FAST, time_us=10.0, problem=KEY, op="leaky_relu"):

@@ -23,18 +23,7 @@ from jitops.tuning.tuner import TuneOptions, tune_problems
 LR = get_op("leaky_relu")
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    user = tmp_path / "records" / "user.json"
-    shipped = tmp_path / "schedules"
-    shipped.mkdir()
-    monkeypatch.setattr(records, "user_records_path", lambda: user)
-    monkeypatch.setattr(config, "schedules_dir", lambda: shipped)
-    store().invalidate()
-    engine.clear_prepared()
-    yield user
-    store().invalidate()
-    engine.clear_prepared()
+pytestmark = pytest.mark.usefixtures("isolated")   # conftest: private records for every test
 
 
 @pytest.fixture
@@ -52,7 +41,7 @@ def test_tune_end_to_end_on_the_emulator_then_reuse(cpu, isolated):
     assert len(r.candidates) == 4 and all(c.status == "ok" for c in r.candidates)
     winner = next(c for c in r.candidates if c.schedule == r.schedule)
     assert winner.checked is True             # checked before it could win
-    rec = json.loads(isolated.read_text())["records"][0]
+    rec = json.loads(isolated[0].read_text())["records"][0]
     assert rec["arch"] == "cpu-w32" and rec["op"] == "leaky_relu" and rec["problem"] == r.key
     assert rec["check"]["passed"] and rec["check"]["reference"] == "float64"
     assert rec["heuristic"]["time_us"] > 0 and len(rec["runners_up"]) == 3 and rec["jitops"] == jitops.__version__

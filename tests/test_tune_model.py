@@ -10,7 +10,6 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from jitops import config, engine, records  # noqa: E402
 from jitops.cli import main  # noqa: E402
 from jitops.records import store  # noqa: E402
 from jitops.tuning.model import collect, parse_input_shapes  # noqa: E402
@@ -18,18 +17,7 @@ from jitops.tuning.model import collect, parse_input_shapes  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    user = tmp_path / "records" / "user.json"
-    shipped = tmp_path / "schedules"
-    shipped.mkdir()
-    monkeypatch.setattr(records, "user_records_path", lambda: user)
-    monkeypatch.setattr(config, "schedules_dir", lambda: shipped)
-    store().invalidate()
-    engine.clear_prepared()
-    yield user
-    store().invalidate()
-    engine.clear_prepared()
+pytestmark = pytest.mark.usefixtures("isolated")   # conftest: private records for every test
 
 
 def _init(name: str, shape: tuple[int, ...], rng: np.random.Generator, positive: bool = False) -> object:

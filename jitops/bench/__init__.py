@@ -23,13 +23,12 @@ from .timing import Timer, copy_bandwidth_gbs
 
 log = logging.getLogger("jitops.bench")
 
-BENCH_ORDER = ("leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm")
-
-
 def bench_ops() -> list[str]:
-    """Ops with a bench module here (bench/<op>.py), in a stable order."""
+    """Ops with a bench module here (bench/<op>.py), in the registry's order (ops.OP_MODULES):
+    a new op's bench module is found by its name, never left out of a list."""
+    from ..ops import op_names
     here = Path(__file__).resolve().parent
-    return [op for op in BENCH_ORDER if (here / f"{op}.py").is_file()]
+    return [op for op in op_names() if (here / f"{op}.py").is_file()]
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """attention cases: the seed shape B=256, S=128, D=64 (fp32, fp16) and B=8, H=16, S=2048, D=64 (fp16),
-against torch.nn.functional.scaled_dot_product_attention, every algorithm when asked; each case
-checked against a float64 reference (torch on the GPU) before it is timed.
+plus the attention layers of real models (MODELS, fp16 and bf16), against
+torch.nn.functional.scaled_dot_product_attention on the same tensors (enable_gqa for grouped
+heads); every algorithm when asked; each case checked against a float64 reference (torch on the GPU)
+before it is timed.
 
 `python -m jitops.bench.attention --sweep` times every candidate schedule of these problems with
 CUDA-graph replay, next to SDPA, for tuning the scheduler.
@@ -21,6 +23,23 @@ from . import Case, Context
 
 OP = "attention"
 
+# (name, q shape [B, H, Sq, D], kv shape [B, Hk, Sk, D], causal): the attention layers of real models.
+MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
+    ("ViT-B/16 S=197", (8, 12, 197, 64), (8, 12, 197, 64), False),
+    ("CLIP ViT-L/14 S=257", (8, 16, 257, 64), (8, 16, 257, 64), False),
+    ("BERT-base S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
+    ("SD1.5 self D=40", (2, 8, 4096, 40), (2, 8, 4096, 40), False),
+    ("SD1.5 cross Sk=77 D=40", (2, 8, 4096, 40), (2, 8, 77, 40), False),
+    ("SDXL self H=10 S=4096", (2, 10, 4096, 64), (2, 10, 4096, 64), False),
+    ("Whisper enc H=20 S=1500", (1, 20, 1500, 64), (1, 20, 1500, 64), False),
+    ("Llama3-8B prefill GQA causal", (1, 32, 2048, 128), (1, 8, 2048, 128), True),
+    ("Llama3-8B decode B=16 Sk=4096", (16, 32, 1, 128), (16, 8, 4096, 128), False),
+    ("Falcon-7B decode MQA Sk=2048", (16, 71, 1, 64), (16, 1, 2048, 64), False),
+    ("GPT-2 causal S=1024", (8, 12, 1024, 64), (8, 12, 1024, 64), True),
+    ("DiT-XL S=1024 D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),
+    ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True),
+)
+
 
 def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
     """(name, q shape, kv shape, dtype, causal)."""
@@ -34,6 +53,8 @@ def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
            ("B=8 H=16 S=2048 D=64", big, big, "float16", False)]
     if not ctx.quick:
         out.append(("B=8 H=16 S=2048 causal", big, big, "float16", True))
+        for dtype in ("float16", "bfloat16"):
+            out.extend((name, q, kv, dtype, causal) for name, q, kv, causal in MODELS)
     return out
 
 
@@ -76,13 +97,31 @@ def _four_d(*tensors: Any) -> tuple:
 
 
 def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
-    """softmax(q k^T / sqrt(D)) v in float64 on the GPU (top-left causal, as SDPA)."""
-    qd, kd, vd = q.double(), k.double(), v.double()
-    s = qd @ kd.transpose(-1, -2) / qd.shape[-1] ** 0.5
-    if causal:
-        n, m = s.shape[-2:]
-        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), float("-inf"))
-    return torch.softmax(s, dim=-1) @ vd
+    """softmax(q k^T / sqrt(D)) v in float64 on the GPU (top-left causal, as SDPA), kv heads shared
+    by groups of query heads; a few heads at a time (the scores of SD 1.5 are 2 GiB in float64)."""
+    if q.dim() == 4 and k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    qf, kf, vf = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    out = torch.empty(qf.shape, dtype=torch.float64, device=q.device)
+    step = max(1, (1 << 27) // (q.shape[-2] * k.shape[-2]))
+    for i in range(0, qf.shape[0], step):
+        s = qf[i:i + step].double() @ kf[i:i + step].double().transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            n, m = s.shape[-2:]
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+        out[i:i + step] = torch.softmax(s, dim=-1) @ vf[i:i + step].double()
+        del s
+    return out.reshape(q.shape)
+
+
+def sdpa_call(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
+    """SDPA on the same tensors: 4-D views of 3-D ones, enable_gqa when kv heads are shared."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q4, k4, v4 = _four_d(q, k, v)
+    if k4.shape[1] != q4.shape[1]:
+        return lambda: sdpa(q4, k4, v4, is_causal=causal, enable_gqa=True)
+    return lambda: sdpa(q4, k4, v4, is_causal=causal)
 
 
 def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, variant: str,
@@ -94,8 +133,6 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
     v = torch.randn(kv_shape, device="cuda", dtype=tdt)
     out = torch.empty_like(q)
     schedule = None if variant == "heuristic" else variant
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    q4, k4, v4 = _four_d(q, k, v)
 
     def check() -> float:
         out.fill_(float("nan"))
@@ -109,7 +146,7 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
 
     return Case(OP, f"{name} {dtype}", variant,
                 jitops=lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule),
-                check=check, vendor=lambda: sdpa(q4, k4, v4, is_causal=causal), vendor_name="torch.sdpa",
+                check=check, vendor=sdpa_call(torch, q, k, v, causal), vendor_name="torch.sdpa",
                 bytes=problem.bytes_moved(), flops=problem.flops(),
                 schedule=lambda: _schedule_text(problem, schedule), repeats=_repeats(problem, variant))
 
@@ -154,9 +191,10 @@ def _schedule_text(problem: Any, forced: str | None) -> str:
 
 def cases(ctx: Context) -> Iterator[Case]:
     make: Callable[..., Case] = _case_gpu if ctx.on_gpu else _case_cpu
+    models = {m[0] for m in MODELS}
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
         problem = _problem(q_shape, kv_shape, dtype, causal)
-        for variant in _variants(ctx, problem):
+        for variant in (["heuristic"] if name in models else _variants(ctx, problem)):   # model rows: ours only
             yield make(ctx, name, q_shape, kv_shape, dtype, causal, variant, problem)
 
 
@@ -179,8 +217,7 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
         out = torch.empty_like(q)
         ref = torch_reference(torch, q, k, v, causal)
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        q4, k4, v4 = _four_d(q, k, v)
-        vendor_us = timer.graph_us(lambda: sdpa(q4, k4, v4, is_causal=causal), n=20)
+        vendor_us = timer.graph_us(sdpa_call(torch, q, k, v, causal), n=20)
         if q.dim() == 3:
             print(f"{name} {dtype}: SDPA on 3-D tensors {timer.graph_us(lambda: sdpa(q, k, v), n=20):.1f} us, "
                   f"on the 4-D view {vendor_us:.1f} us", flush=True)

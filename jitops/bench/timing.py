@@ -1,4 +1,4 @@
-"""Timing as ../shared/BENCHMARKS.md asks: device events around N back-to-back calls, median of
+"""Timing as the project's benchmark rules ask: device events around N back-to-back calls, median of
 trials; CUDA-graph replay where the call can be captured; host wall time for per-call latency."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """ONNX models on jitops: which nodes it runs, the rewrite to domain `jitops`, ONNX Runtime sessions.
 
     import jitops.onnx as jo
-    model = jo.rewrite("model.onnx", input_shapes={"x": (1, 3, 224, 224)})   # Conv+BN+Relu -> jitops::Conv2dRelu ...
+    model = jo.rewrite("model.onnx")      # Conv+BN+Relu -> jitops::Conv2dRelu ...; symbolic batch dims are fine
     sess = jo.session(model)                                                   # ORT with the jitops custom ops
     y = sess.run(None, {"x": x})
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import logging
 import shutil
@@ -70,10 +71,32 @@ def _progress(items: list, desc: str, enabled: bool | None) -> Any:
                 bar_format="{desc:<14} {bar:24} {n_fmt}/{total_fmt} [{elapsed}]{postfix}")
 
 
+ShapeSet = Mapping[str, Sequence[int]]
+
+
+def _concrete_problems(proto: Any, shape_sets: Sequence[ShapeSet | None], ops: Iterable[str] | None,
+                       fuse: bool) -> list[NodeProblem]:
+    """The node groups with concrete problems over every shape set (a symbolic model needs sizes)."""
+    out: list[NodeProblem] = []
+    symbolic: list[NodeProblem] = []
+    for shapes in shape_sets:
+        for p in supported_nodes(proto, shapes, ops, fuse):
+            (out if p.problem is not None else symbolic).append(p)
+    if not out and symbolic:
+        raise JitopsError("bundle: no node of this model runs on jitops with concrete sizes: its inputs have "
+                          "symbolic dimensions; give their sizes with --input-shape NAME=AxBxC (several values "
+                          "per dim for several sizes, e.g. x=1,8,32x3x224x224) (see jitops.onnx.map_nodes)")
+    return out
+
+
 def create_bundle(model: Any, targets: Sequence[str], out_dir: str | Path,
-                  input_shapes: Mapping[str, Sequence[int]] | None = None, ops: Iterable[str] | None = None,
+                  input_shapes: ShapeSet | Sequence[ShapeSet] | None = None, ops: Iterable[str] | None = None,
                   fuse: bool = True, progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Compile the kernels of `model` for each target into `out_dir`; returns the manifest."""
+    """Compile the kernels of `model` for each target into `out_dir`; returns the manifest.
+
+    input_shapes: sizes for the model's symbolic dims, or a list of such sets (e.g. batch 1, 8 and
+    32): the kernels of every set are compiled, and the bundled model keeps its symbolic dims, its
+    ORT kernels planning per actual shape (so each set's records and kernels are found)."""
     if not targets:
         raise JitopsError("bundle: give at least one --target (sm_80, sm_90, gfx90a, gfx942, cpu, ...)")
     out = Path(out_dir)
@@ -83,16 +106,19 @@ def create_bundle(model: Any, targets: Sequence[str], out_dir: str | Path,
         shutil.rmtree(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     proto = load_model(model)
-    problems = supported_nodes(proto, input_shapes, ops, fuse)
+    sets: list[ShapeSet | None] = list(input_shapes) if isinstance(input_shapes, (list, tuple)) else [input_shapes]
+    problems = _concrete_problems(proto, sets or [None], ops, fuse)
     unique = _unique(problems)
     if not unique:
         raise JitopsError("bundle: no node of this model runs on jitops (see jitops.onnx.map_nodes for why)")
-    rewritten = rewrite(proto, ops=ops, input_shapes=input_shapes, fuse=fuse)
+    # One set: as before (sizes may fix e.g. SAME padding). Several: the symbolic model serves them all.
+    rewritten = rewrite(proto, ops=ops, input_shapes=sets[0] if len(sets) == 1 else None, fuse=fuse)
     write_atomic(out / MODEL, rewritten.SerializeToString())
     manifest: dict[str, Any] = {
         "format": FORMAT, "jitops": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"file": MODEL, "source": str(model) if isinstance(model, (str, Path)) else "<ModelProto>",
-                  "input_shapes": {k: list(v) for k, v in (input_shapes or {}).items()},
+                  "input_shapes": ({k: list(v) for k, v in (sets[0] or {}).items()} if len(sets) == 1 else
+                                   [{k: list(v) for k, v in (s or {}).items()} for s in sets]),
                   "sha256": hashlib.sha256((out / MODEL).read_bytes()).hexdigest()},
         "problems": [{"op": op, "problem": p.key(), "nodes": nodes} for op, p, nodes in unique],
         "targets": [], "kernels": [], "records": [],
@@ -158,14 +184,26 @@ def _platform() -> str:
 
 # ---------------------------------------------------------------- command line
 
-def parse_input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
+def parse_input_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]] | list[dict[str, tuple[int, ...]]]:
+    """['x=1x3x8x8'] -> {'x': (1, 3, 8, 8)}; several values per dim ('x=1,8x3x8x8') or a repeated
+    name give several sets (a list), taken index by index across inputs (an input with one shape
+    joins every set)."""
+    per_input: dict[str, list[tuple[int, ...]]] = {}
     for item in items:
         if "=" not in item:
             raise JitopsError(f"--input-shape takes NAME=AxBxC, got '{item}'")
         name, dims = item.split("=", 1)
-        shapes[name.strip()] = parse_shape(dims.strip())
-    return shapes
+        options = [d.split(",") for d in dims.strip().lower().split("x")]
+        for combo in itertools.product(*options):
+            per_input.setdefault(name.strip(), []).append(parse_shape("x".join(combo)))
+    count = max((len(v) for v in per_input.values()), default=1)
+    if count == 1:
+        return {n: v[0] for n, v in per_input.items()}
+    uneven = {n: len(v) for n, v in per_input.items() if len(v) not in (1, count)}
+    if uneven:
+        raise JitopsError(f"--input-shape: inputs give {count} and {sorted(uneven.items())} shapes; give each "
+                          f"input one shape or the same number of shapes")
+    return [{n: v[i if len(v) > 1 else 0] for n, v in per_input.items()} for i in range(count)]
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
@@ -199,7 +237,8 @@ def add_subcommand(sub: Any) -> None:
                         "properties; cpu / cpu-w64 for the emulator (repeatable)")
     s.add_argument("-o", "--output", required=True, help="bundle directory to write")
     s.add_argument("--input-shape", action="append", default=[], metavar="NAME=AxBxC",
-                   help="size of a model input with dynamic dimensions (repeatable)")
+                   help="size of a model input with dynamic dimensions (repeatable); several values per "
+                        "dim compile for each, e.g. x=1,8,32x3x224x224")
     s.add_argument("--ops", action="append", help="only these jitops ops (comma-separated or repeated)")
     s.add_argument("--no-fuse", action="store_true", help="no Conv+BN+activation or attention fusion")
     s.add_argument("--force", action="store_true", help="replace an existing directory")

@@ -58,7 +58,7 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
     # Before opset 21 (GroupNormalization-18 took per-group scale and is deprecated) the body spells
     # it out: statistics per [N, G, C/G * spatial] row in float32, then the per-channel scale and bias.
     from onnx import helper
-    return [
+    return _casts_for(opset, [
         _node("Cast", ["X"], ["xf"], to=1),
         _node("Constant", [], ["g"], (_ref("num_groups", "int", "value_int"),)),
         _node("Constant", [], ["one_shape"], value_ints=[1]),
@@ -67,17 +67,9 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
         _node("Constant", [], ["minus_one"], value_ints=[-1]),
         _node("Concat", ["zero", "g1", "minus_one"], ["rows_shape"], axis=0),
         _node("Reshape", ["xf", "rows_shape"], ["rows"]),
-        _node("Constant", [], ["axis2"], value_ints=[2]),
-        _node("ReduceMean", ["rows", "axis2"], ["mean"], keepdims=1),
+        *_reduce_mean("rows", "mean", 2, opset),
         _node("Sub", ["rows", "mean"], ["centered"]),
-        _node("Mul", ["centered", "centered"], ["squared"]),
-        _node("ReduceMean", ["squared", "axis2"], ["var"], keepdims=1),
-        _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
-        _node("Add", ["var", "eps"], ["var_eps"]),
-        _node("Sqrt", ["var_eps"], ["std"]),
-        _node("Div", ["centered", "std"], ["normed_rows"]),
-        _node("Shape", ["X"], ["x_shape"]),
-        _node("Reshape", ["normed_rows", "x_shape"], ["normed"]),
+        *_scale_by_std(2, opset),
         _node("Shape", ["x_shape"], ["rank"]),
         _node("Constant", [], ["two"], value_ints=[2]),
         _node("Sub", ["rank", "two"], ["tail_rank"]),
@@ -90,14 +82,68 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
         _node("Mul", ["normed", "scale_b"], ["scaled"]),
         _node("Add", ["scaled", "bias_b"], ["yf"]),
         _node("CastLike", ["yf", "X"], ["Y"]),
-    ]
+    ])
+
+
+def _casts_for(opset: int, nodes: list[Any]) -> list[Any]:
+    """Before opset 15 (no CastLike to return to X's type) the body computes in X's type."""
+    if opset >= 15:
+        return nodes
+    return [_node("Identity", [n.input[0]], list(n.output)) if n.op_type in ("Cast", "CastLike") else n
+            for n in nodes]
+
+
+def _reduce_mean(x: str, y: str, axis: int, opset: int, tag: str = "") -> list[Any]:
+    """ReduceMean over one axis, keepdims: axes an attribute before opset 18, an input from 18 on."""
+    if opset < 18:
+        return [_node("ReduceMean", [x], [y], axes=[axis], keepdims=1)]
+    return [_node("Constant", [], [f"axes{axis}{tag}"], value_ints=[axis]),
+            _node("ReduceMean", [x, f"axes{axis}{tag}"], [y], keepdims=1)]
+
+
+def _scale_by_std(axis: int, opset: int) -> list[Any]:
+    """centered / sqrt(mean(centered^2, axis) + epsilon), reshaped back to X's shape: "normed"."""
+    return [_node("Mul", ["centered", "centered"], ["squared"]),
+            *_reduce_mean("squared", "var", axis, opset, "_sq"),
+            _node("Constant", [], ["eps"], (_ref("epsilon", "float", "value_float"),)),
+            _node("Add", ["var", "eps"], ["var_eps"]),
+            _node("Sqrt", ["var_eps"], ["std"]),
+            _node("Div", ["centered", "std"], ["normed_rows"]),
+            _node("Shape", ["X"], ["x_shape"]),
+            _node("Reshape", ["normed_rows", "x_shape"], ["normed"])]
+
+
+def _row_norm(opset: int, center: bool, bias: bool) -> list[Any]:
+    """LayerNorm / RMSNorm over the axes from `axis` on, spelled out (before LayerNormalization-17 /
+    RMSNormalization-23): rows of Flatten(x, axis) in float32, then the scale (and bias) broadcast."""
+    # float32 statistics where CastLike exists (opset 15); before that the body computes in X's type.
+    cast = opset >= 15
+    nodes = [_node("Cast", ["X"], ["xf"], to=1) if cast else _node("Identity", ["X"], ["xf"]),
+             _node("Flatten", ["xf"], ["rows"], (_ref("axis", "int"),))]
+    if center:
+        nodes += [*_reduce_mean("rows", "mean", 1, opset), _node("Sub", ["rows", "mean"], ["centered"])]
+    else:
+        nodes += [_node("Identity", ["rows"], ["centered"])]
+    nodes += [*_scale_by_std(1, opset),
+              _node("Cast", ["scale"], ["scale_f"], to=1) if cast else _node("Identity", ["scale"], ["scale_f"]),
+              _node("Mul", ["normed", "scale_f"], ["scaled"])]
+    if bias:
+        nodes += [_node("Cast", ["B"], ["bias_f"], to=1) if cast else _node("Identity", ["B"], ["bias_f"]),
+                  _node("Add", ["scaled", "bias_f"], ["yf"])]
+    else:
+        nodes += [_node("Identity", ["scaled"], ["yf"])]
+    return nodes + [_node("CastLike", ["yf", "X"], ["Y"]) if cast else _node("Identity", ["yf"], ["Y"])]
 
 
 def _layer_norm(t: OpType, opset: int) -> list[Any]:
+    if opset < 17:
+        return _row_norm(opset, center=True, bias=True)
     return [_node("LayerNormalization", ["X", "scale", "B"], ["Y"], (_ref("axis", "int"), _ref("epsilon", "float")))]
 
 
 def _rms_norm(t: OpType, opset: int) -> list[Any]:
+    if opset < 23:
+        return _row_norm(opset, center=False, bias=False)
     return [_node("RMSNormalization", ["X", "scale"], ["Y"], (_ref("axis", "int"), _ref("epsilon", "float")))]
 
 
@@ -105,12 +151,15 @@ def _leaky_relu(t: OpType, opset: int) -> list[Any]:
     return [_node("LeakyRelu", ["X"], ["Y"], (_ref("alpha", "float"),))]
 
 
-def _attention(t: OpType, opset: int) -> list[Any]:
+def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     masked = "mask" in t.inputs
     refs = (_ref("scale", "float"), _ref("is_causal", "int"))
-    if opset >= 23:
+    if opset >= 23 and attention_op:
+        # ONNX Attention where the nodes replaced Attention-23 nodes (4-D; is_causal, default scale);
+        # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.
         return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
-    # Before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten: scale is explicit, no causal.
+    # Otherwise (before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten): explicit scale,
+    # no causal.
     nodes = [_node("Einsum", ["Q", "K"], ["qk"], equation="...qd,...kd->...qk"),
              _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
     if opset >= 15:
@@ -133,12 +182,14 @@ _BODIES: dict[str, Callable[[OpType, int], list[Any]]] = {
     "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
 
 
-def function_for(type_name: str, opset: int) -> Any:
-    """The FunctionProto (domain jitops) implementing node type `type_name` at default-domain `opset`."""
+def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
+    """The FunctionProto (domain jitops) implementing node type `type_name` at default-domain `opset`
+    (`attention_op`: the attention nodes of this type replaced ONNX Attention-23 nodes)."""
     from onnx import helper
     t = OP_TYPES[type_name]
     inputs = _FORMAL_INPUTS.get(t.op) or ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else [])
-    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], _BODIES[t.op](t, opset),
+    body = _attention(t, opset, attention_op) if t.op == "attention" else _BODIES[t.op](t, opset)
+    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], body,
                                 [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],
                                 doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
                                            f"where the jitops custom ops are not registered")

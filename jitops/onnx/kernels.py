@@ -29,7 +29,7 @@ from .optypes import OpType, op_type
 log = logging.getLogger("jitops.onnx")
 
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider")
-ELEM_DTYPES = {1: "float32", 10: "float16"}
+ELEM_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}   # numpy names bfloat16 once ml_dtypes is imported
 _GPU_BACKEND = {1: "cuda", 2: "hip"}
 
 
@@ -94,6 +94,19 @@ def kernel_count() -> int:
     return len(_kernels)
 
 
+_staged = [0]
+
+
+def stages_through_host(backend: Backend) -> bool:
+    """A CPU-EP node on a GPU backend: every input and output is copied through host memory."""
+    return backend.name in ("cuda", "hip")
+
+
+def staged_kernel_count() -> int:
+    """CPU-EP kernels created so far that run on a GPU with staged copies (jo.session warns about them)."""
+    return _staged[0]
+
+
 def _backend_for(provider: int) -> Backend:
     if provider == 0:
         return getattr(_session_backend, "value", None) or current_backend()
@@ -108,11 +121,13 @@ def create(type_name: str, provider: int, elem_type: int, attrs_json: str) -> in
     t = op_type(type_name)
     dtype = ELEM_DTYPES.get(elem_type)
     if dtype is None:
-        raise JitopsError(f"jitops::{type_name}: element type {elem_type} is not float32 or float16")
+        raise JitopsError(f"jitops::{type_name}: element type {elem_type} is not float32, float16 or bfloat16")
     node_attrs = json.loads(attrs_json)
     constant = frozenset(t.inputs[i] for i in node_attrs.pop("__constant_inputs", []) if i < len(t.inputs))
     kernel = Kernel(t, provider, dtype, node_attrs, _backend_for(provider), constant=constant)
     with _ids_lock:
+        if provider == 0 and stages_through_host(kernel.backend):
+            _staged[0] += 1
         _next_id[0] += 1
         kid = _next_id[0]
         _kernels[kid] = kernel

@@ -13,6 +13,7 @@ import logging
 import threading
 from pathlib import Path
 
+from .. import config
 from ..errors import BackendUnavailable, JitopsError
 from ..runtime.hostcc import build_library
 from .optypes import DOMAIN, OP_TYPES
@@ -40,6 +41,7 @@ DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _callbacks: tuple = ()   # kept alive for as long as the library may call them
+_warned: list[Path] = []
 
 
 def sources_digest() -> str:
@@ -51,15 +53,24 @@ def sources_digest() -> str:
 
 
 def library_path() -> Path:
-    """The custom-op library for ONNX Runtime (built with the host C++ compiler on first use).
+    """The custom-op library for ONNX Runtime: the copy built with the wheel, else built with the
+    host C++ compiler on first use.
 
     On a host without a compiler, the copy carried by a loaded bundle is used when it was built
     from these same sources.
     """
+    prebuilt = SOURCE_DIR.parent / f"libjitops_ort-{sources_digest()}.so"   # built with the wheel (setup.py)
+    if prebuilt.is_file():
+        return prebuilt
     try:
-        return build_library("libjitops_ort", [SOURCE_DIR / "jitops_ort.cc"],
-                             ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-                              f"-I{SOURCE_DIR}", f"-DJITOPS_ORT_SOURCES_{sources_digest()}"])
+        built = build_library("libjitops_ort", [SOURCE_DIR / "jitops_ort.cc"],
+                              ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+                               f"-I{SOURCE_DIR}", f"-DJITOPS_ORT_SOURCES_{sources_digest()}"])
+        if not config.is_checkout() and not _warned:
+            _warned.append(built)
+            config.warn(log, f"jitops ONNX Runtime library: no prebuilt copy in this installation (the wheel was "
+                             f"built without a C++ compiler?); built {built.name} with the host compiler instead")
+        return built
     except BackendUnavailable:
         from ..bundle import loaded_bundles
         for bundle in loaded_bundles():

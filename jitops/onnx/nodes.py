@@ -49,18 +49,25 @@ class NodeProblem:
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     extra_nodes: list[Any] = field(default_factory=list, repr=False)
     covered: list[Any] = field(default_factory=list, repr=False)    # the ONNX NodeProtos replaced
+    # Inputs with symbolic sizes (None per unknown dim): taken, planned per actual shape at run time;
+    # `problem` is then None and `inputs` show -1 for the unknown dims.
+    dynamic: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
 
     @property
     def supported(self) -> bool:
-        return self.problem is not None
+        return self.problem is not None or (bool(self.dynamic) and not self.reason)
 
     @property
     def key(self) -> str:
-        """The problem key (tuning records, bundles); '' when unsupported."""
+        """The problem key (tuning records, bundles); '' when unsupported or when sizes are symbolic."""
         return self.problem.key() if self.problem is not None else ""
 
     def describe(self) -> str:
         what = "+".join(self.onnx_ops)
+        if self.supported and self.problem is None:
+            dims = ", ".join(f"{n}[{','.join('?' if d is None else str(d) for d in s)}]"
+                             for n, s in self.dynamic.items())
+            return f"{what} -> jitops::{self.op_type} ({self.op}), symbolic sizes {dims}: planned at run time"
         if self.supported:
             return f"{what} -> jitops::{self.op_type} ({self.op}) {self.key}"
         return f"{what} stays ONNX: {self.reason}"
@@ -87,23 +94,30 @@ def _wanted_ops(ops: Iterable[str] | None) -> set[str] | None:
     return out
 
 
+PROBE = 64     # stands for a symbolic size when asking the op module whether it takes a node
+
+
 def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: Namer) -> NodeProblem:
     t = OP_TYPES[cand.op_type]
     cand.nodes = sorted(cand.nodes, key=lambda n: order.get(id(n), -1))
-    specs: dict[str, TensorSpec | None] = {}
+    shapes: dict[str, tuple[int | None, ...] | None] = {}
+    dtypes: dict[str, str] = {}
     reason = ""
     for jname, vname in zip(t.inputs, list(cand.inputs) + [""] * len(t.inputs)):
         if not vname:
-            specs[jname] = None
+            shapes[jname] = None
             if jname not in t.optional:
                 reason = reason or f"input '{jname}' is missing"
             continue
-        shape, dtype = cand.values.get(vname) or (view.static_shape(vname), view.dtype(vname))
+        shape, dtype = cand.values.get(vname) or (view.shape(vname), view.dtype(vname))
         if shape is None:
-            reason = reason or f"the shape of '{vname}' is not known (pass input_shapes=...)"
-            specs[jname] = None
-            continue
-        specs[jname] = TensorSpec(tuple(int(s) for s in shape), dtype)
+            reason = reason or f"the rank of '{vname}' is not known (pass input_shapes=...)"
+        shapes[jname], dtypes[jname] = (tuple(shape) if shape is not None else None), dtype
+    dynamic = {n: s for n, s in shapes.items() if s is not None and None in s}
+    specs: dict[str, TensorSpec | None] = {}
+    if not reason:
+        probed, reason = probe_shapes(t.op, shapes, cand.attrs)
+        specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in probed.items()}
     if not reason:
         reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
     problem, attrs = None, {}
@@ -114,12 +128,63 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
             attrs = t.op_attrs(cand.attrs, {n: s.shape for n, s in specs.items() if s is not None})
             problem = get_op(t.op).make_problem(specs, attrs)
         except (JitopsError, ValueError, KeyError, TypeError) as exc:
-            reason = str(exc)
+            reason = str(exc) + (f" (symbolic sizes probed as {PROBE})" if dynamic else "")
+    if dynamic and problem is not None:
+        # Sizes known only at run time: the ORT kernel plans per actual shape; no problem key here.
+        attrs = {k: v for k, v in attrs.items() if k != "normalized_shape" or None not in shapes["x"]}
+        specs = {n: (TensorSpec(tuple(-1 if d is None else d for d in shapes[n]), s.dtype) if s is not None
+                     else None) for n, s in specs.items()}
+        problem = None
     return NodeProblem(
         nodes=tuple(_node_id(n) for n in cand.nodes), onnx_ops=tuple(n.op_type for n in cand.nodes),
         op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
         node_inputs=tuple(cand.inputs), node_output=cand.output, node_attrs=dict(cand.attrs),
-        constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes))
+        constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes),
+        dynamic={n: tuple(s) for n, s in dynamic.items()})
+
+
+def probe_shapes(op: str, shapes: Mapping[str, tuple[int | None, ...] | None], attrs: Mapping[str, Any]
+                 ) -> tuple[dict[str, tuple[int, ...] | None], str]:
+    """Shapes with each symbolic size replaced by a stand-in, for asking the op whether it takes the node.
+
+    Sizes that fix the kernel family must be known: conv channels (or derivable from the weights),
+    the attention head dim. A mask's unknown dims follow the scores they broadcast against.
+    Returns (shapes, reason); the reason is '' when the node can be taken.
+    """
+    out = {n: (list(s) if s is not None else None) for n, s in shapes.items()}
+    x = out.get("x")
+    if op == "conv2d" and x is not None and out.get("w") is not None and len(x) == 4:
+        w = out["w"]
+        if x[1] is None and w[1] is not None:
+            x[1] = w[1] * int(attrs.get("group", 1))
+        if x[1] is None or None in w:
+            return {}, "the channel count is not known (symbolic input channels, weights of unknown shape)"
+    params = {"layer_norm": "gamma", "rms_norm": "gamma", "group_norm": "gamma", "batch_norm": "mean"}
+    p = out.get(params.get(op, ""))
+    if x is not None and p is not None and None not in p:
+        if op in ("layer_norm", "rms_norm"):
+            axis = int(attrs.get("axis", -1))
+            axis = axis + len(x) if axis < 0 else axis
+            if 0 <= axis <= len(x) and len(x) - axis == len(p):
+                x[axis:] = [d if d is not None else pd for d, pd in zip(x[axis:], p)]
+        elif len(x) > 1 and x[1] is None and len(p) == 1:
+            x[1] = p[0]
+    if op == "attention":
+        q, k = out["q"], out["k"]
+        if q[-1] is None and k[-1] is None and (out["v"] or [None])[-1] is None:
+            return {}, "the attention head dim is not known (it picks the kernel): pass input_shapes=..."
+        d = next(s[-1] for s in (q, k, out["v"]) if s[-1] is not None)
+        for s in (q, k, out["v"]):
+            s[-1] = d if s[-1] is None else s[-1]
+    filled = {n: (tuple(PROBE if d is None else d for d in s) if s is not None else None)
+              for n, s in out.items() if n != "mask"}
+    if op == "attention" and out.get("mask") is not None:
+        q, k = filled["q"], filled["k"]
+        scores = q[:-1] + (k[-2],)
+        m = out["mask"]
+        filled["mask"] = tuple(scores[len(scores) - len(m) + i] if d is None and len(scores) - len(m) + i >= 0
+                               else (PROBE if d is None else d) for i, d in enumerate(m))
+    return filled, ""
 
 
 def _unify_dtypes(view: GraphView, cand: Candidate, names: Sequence[str], specs: dict[str, TensorSpec | None],
@@ -140,14 +205,21 @@ def _unify_dtypes(view: GraphView, cand: Candidate, names: Sequence[str], specs:
         value = cand.constants.get(vname)
         if value is None:
             value = view.constant(vname)
-        if value is None or first.dtype not in ("float32", "float16"):
+        if value is None or first.dtype not in ("float32", "float16", "bfloat16"):
             return (f"input '{jname}' is {spec.dtype} while '{names[0]}' is {first.dtype} "
                     f"(mixed dtypes are taken only for constant parameters)")
         new = namer(vname, first.dtype)
-        cand.constants[new] = np.asarray(value).astype(first.dtype)
+        cand.constants[new] = np.asarray(value).astype(_numpy_dtype(first.dtype))
         cand.inputs[i] = new
         specs[jname] = TensorSpec(spec.shape, first.dtype)
     return ""
+
+
+def _numpy_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
 
 
 def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -169,32 +241,64 @@ def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
     for node in proto.graph.node:
         matcher = MATCHERS.get(node.op_type)
         if matcher is None or node.domain not in ONNX_DOMAINS or id(node) in taken:
+            if node.domain in ONNX_DOMAINS:
+                out.extend(_in_subgraphs(node, wanted))
             continue
         if wanted is not None and ONNX_TO_OP[node.op_type] not in wanted:
             continue
-        first_failure: NodeProblem | None = None
-        chosen: NodeProblem | None = None
-        for match in matcher(view, node, fuse, namer):
-            if any(id(n) in taken for n in match.nodes):
-                continue
-            if isinstance(match, Rejection):
-                first_failure = first_failure or _rejected(match)
-                continue
-            result = _problem(view, match, order, namer)
-            if result.supported:
-                chosen = result
-                break
-            # Keep the reason of the least fused form: it is the one that says why nothing fits.
-            first_failure = result if first_failure is None or len(result.covered) <= len(first_failure.covered) \
-                else first_failure
-        picked = chosen or first_failure
+        try:
+            picked = _pick(view, node, fuse, namer, order, taken)
+        except Exception as exc:   # a model we did not foresee: leave the node to ONNX, say why
+            log.warning("jitops could not analyse node %s: %s: %s", _node_id(node), type(exc).__name__, exc)
+            picked = _rejected(Rejection([node], node.op_type, f"jitops could not analyse this node "
+                                                               f"({type(exc).__name__}: {exc})"))
         if picked is None:
             continue
-        if chosen is not None:
-            taken.update(id(n) for n in chosen.covered)
+        if picked.supported:
+            taken.update(id(n) for n in picked.covered)
         out.append(picked)
     log.info("%d jitops candidates, %d supported", len(out), sum(p.supported for p in out))
     return out
+
+
+def _pick(view: GraphView, node: Any, fuse: bool, namer: Namer, order: Mapping[int, int], taken: set[int]
+          ) -> NodeProblem | None:
+    """The most fused candidate of `node` that jitops takes, else the reason of the least fused one."""
+    matcher = MATCHERS[node.op_type]
+    first_failure: NodeProblem | None = None
+    for match in matcher(view, node, fuse, namer):
+        if any(id(n) in taken for n in match.nodes):
+            continue
+        if isinstance(match, Rejection):
+            first_failure = first_failure or _rejected(match)
+            continue
+        result = _problem(view, match, order, namer)
+        if result.supported:
+            return result
+        # Keep the reason of the least fused form: it is the one that says why nothing fits.
+        first_failure = result if first_failure is None or len(result.covered) <= len(first_failure.covered) \
+            else first_failure
+    return first_failure
+
+
+# Single-node types worth reporting when they sit in a subgraph (patterns there are not looked for).
+_REPORTED_IN_SUBGRAPHS = {"Conv", "BatchNormalization", "GroupNormalization", "LayerNormalization",
+                          "RMSNormalization", "LeakyRelu", "Attention"}
+
+
+def _in_subgraphs(node: Any, wanted: set[str] | None) -> list[NodeProblem]:
+    """Recognised nodes inside If / Loop / Scan bodies: reported, left to ONNX."""
+    found = []
+    for a in node.attribute:
+        for g in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else []):
+            for inner in g.node:
+                if inner.op_type in _REPORTED_IN_SUBGRAPHS and inner.domain in ONNX_DOMAINS and (
+                        wanted is None or ONNX_TO_OP[inner.op_type] in wanted):
+                    found.append(_rejected(Rejection([inner], inner.op_type, f"inside the {a.name} subgraph of "
+                                                     f"{node.op_type} '{_node_id(node)}' (subgraphs are not "
+                                                     f"rewritten)")))
+                found.extend(_in_subgraphs(inner, wanted))
+    return found
 
 
 def _rejected(r: Rejection) -> NodeProblem:

@@ -38,8 +38,10 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
     """A copy of `model` with every node group jitops supports replaced by one node in domain `jitops`.
 
     model: ModelProto, path or bytes. ops: restrict to these jitops ops (or ONNX op types).
-    input_shapes: graph input name -> shape, for dynamic dimensions (nodes whose shapes stay unknown
-    are left as they are). fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
+    input_shapes: graph input name -> shape, for dynamic dimensions. Without them a node whose sizes
+    are symbolic is still taken when its rank, dtype and kernel-family sizes are known; its ONNX
+    Runtime kernel plans per actual shape at run time.
+    fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
     BatchNormalization + activation, MatMul/Softmax/MatMul attention. fallback: add the ONNX function
     bodies that let the model run without jitops (default on).
     The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse)`.
@@ -67,17 +69,46 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
             new_nodes.extend(p.extra_nodes)
             new_nodes.append(_jitops_node(p))
     del g.node[:]
-    g.node.extend(new_nodes)
+    g.node.extend(_drop_orphans(new_nodes, [n for p in problems for n in p.covered], out.graph))
     _update_initializers(out, problems)
     _drop_dead_value_info(out)
     if problems:
-        _declare_domain(out, sorted({p.op_type for p in problems}), fallback)
+        # Types that replace ONNX Attention-23 nodes fall back to that op (is_causal, default scale).
+        attention_op = {p.op_type for p in problems if p.onnx_ops == ("Attention",)}
+        _declare_domain(out, sorted({p.op_type for p in problems}), fallback, attention_op)
     out.metadata_props.add(key=METADATA_KEY, value=json.dumps(
-        {"jitops": __version__, "replaced": [{"nodes": list(p.nodes), "as": p.op_type, "key": p.key}
+        {"jitops": __version__, "replaced": [{"nodes": list(p.nodes), "as": p.op_type, "key": p.key,
+                                              **({"symbolic": True} if p.problem is None else {})}
                                              for p in problems]}))
     log.info("rewrite: %d node groups -> jitops (%s)", len(problems),
              ", ".join(sorted({p.op_type for p in problems})) or "none")
     return out
+
+
+def _drop_orphans(nodes: list[Any], covered: list[Any], graph: Any) -> list[Any]:
+    """Drop the nodes that only fed the replaced ones (an exporter's scale computed from Shape, an
+    epsilon Constant...): nothing reads them any more, and ORT warns about each one left."""
+    from .graph import outer_scope_reads
+    producer = {o: n for n in nodes for o in n.output if o}
+    candidates = [producer[i] for c in covered for i in c.input if i in producer]
+    readers: dict[str, int] = {}
+    for n in nodes:
+        for i in {*n.input, *outer_scope_reads(n)}:
+            readers[i] = readers.get(i, 0) + 1
+    keep_outputs = {o.name for o in graph.output}
+    dropped: set[int] = set()
+    while candidates:
+        n = candidates.pop()
+        if id(n) in dropped or n.domain not in ("", "ai.onnx") or any(a.type in (5, 10) for a in n.attribute) \
+                or any(o and (readers.get(o, 0) or o in keep_outputs) for o in n.output):
+            continue
+        dropped.add(id(n))
+        for i in set(n.input):
+            if i in readers:
+                readers[i] -= 1
+                if i in producer:
+                    candidates.append(producer[i])
+    return [n for n in nodes if id(n) not in dropped]
 
 
 def _update_initializers(model: Any, problems: list[NodeProblem]) -> None:
@@ -118,12 +149,12 @@ def _drop_dead_value_info(model: Any) -> None:
         g.value_info.extend(keep)
 
 
-def _declare_domain(model: Any, types: list[str], fallback: bool) -> None:
+def _declare_domain(model: Any, types: list[str], fallback: bool, attention_op: set[str]) -> None:
     from onnx import helper
     if not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
     if fallback:
         opset = default_opset(model)
         have = {(f.domain, f.name) for f in model.functions}
-        model.functions.extend(function_for(t, opset) for t in types if (DOMAIN, t) not in have)
+        model.functions.extend(function_for(t, opset, t in attention_op) for t in types if (DOMAIN, t) not in have)
         model.ir_version = max(model.ir_version, MIN_IR_VERSION)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -70,8 +71,32 @@ def session(model: Any, providers: Sequence[Any] | None = None, *, rewrite: bool
     opts = options if options is not None else ort.SessionOptions()
     register(opts)
     be = get_backend(backend) if isinstance(backend, str) else backend
+    staged_before = kernels.staged_kernel_count()
     with kernels.session_backend(be):
         sess = ort.InferenceSession(source, sess_options=opts,
                                     providers=list(providers) if providers is not None else default_providers())
+    staged = kernels.staged_kernel_count() - staged_before
+    if staged:
+        warn_staged(staged, sess.get_providers())
     log.info("session with providers %s; %d jitops kernels alive", sess.get_providers(), kernels.kernel_count())
     return sess
+
+
+_warned = [False]
+
+
+def warn_staged(count: int, providers: Sequence[str]) -> None:
+    """Once per process: jitops GPU kernels behind ORT's CPU provider copy every tensor to and from the GPU."""
+    if _warned[0]:
+        return
+    _warned[0] = True
+    import onnxruntime as ort
+    msg = (f"jitops: {count} jitops node(s) run through ONNX Runtime's CPU execution provider on the GPU, "
+           f"so every input and output of each is copied through host memory (session providers: "
+           f"{', '.join(providers)}; this onnxruntime {ort.__version__} offers "
+           f"{', '.join(ort.get_available_providers())}). That is usually much slower than ORT's own CPU "
+           f"kernels (docs/onnx.md). Install the GPU provider: `pip uninstall onnxruntime && pip install "
+           f"onnxruntime-gpu` (CUDA; for ROCm onnxruntime-rocm 1.22 or MIGraphX), or use the model without "
+           f"jitops: jitops.onnx.session(model, rewrite=False).")
+    log.warning("%s", msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)

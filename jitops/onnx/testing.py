@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-ELEM = {"float32": 1, "float16": 10, "int64": 7, "bool": 9}
+ELEM = {"float32": 1, "float16": 10, "int64": 7, "bool": 9, "bfloat16": 16}
 
 
 def tensor_info(name: str, shape: Sequence[int | str] | None, dtype: str = "float32") -> Any:

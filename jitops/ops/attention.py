@@ -1,18 +1,19 @@
-"""attention: out = softmax(scale * q k^T + mask) v, fp32 or fp16 (softmax and sums in fp32).
+"""attention: out = softmax(scale * q k^T + mask) v, fp32, fp16 or bf16 (softmax and sums in fp32).
 
 The op contract (docs/adding_an_op.md) is split over two modules to keep each small:
 attention_problem (shapes, validation, float64 reference, data, tolerances) and
 attention_schedule (the scheduler, the tuning space, plans). Algorithms, fastest first:
-fused_mma (matrix cores, fp16), fused (SIMT), three_stage (GEMM + softmax + GEMM), naive.
+fused_mma (matrix cores, fp16/bf16, any head dim; attention_mma), fused (SIMT), three_stage
+(GEMM + softmax + GEMM), naive.
 """
 from __future__ import annotations
 
+from .attention_mma import MMA_DTYPES
 from .attention_problem import (CAUSAL_MODES, INPUTS, MAX_HEAD_DIM, NAME, AttentionProblem, make_problem,
                                 parse_problem, random_inputs, reference, tolerance)
-from .attention_schedule import (ALGORITHMS, MMA_HEAD_DIMS, SIMT_HEAD_DIMS, candidates, heuristic, plan,
-                                 variants)
+from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, variants
 
-__all__ = ["NAME", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_HEAD_DIMS", "SIMT_HEAD_DIMS",
+__all__ = ["NAME", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_DTYPES", "SIMT_HEAD_DIMS",
            "AttentionProblem", "make_problem", "parse_problem", "heuristic", "candidates", "plan", "variants",
            "reference", "random_inputs", "tolerance", "bytes_moved", "flops"]
 

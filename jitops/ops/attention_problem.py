@@ -19,12 +19,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
+from .base import HALF_DTYPES, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
 
 NAME = "attention"
 INPUTS = ("q", "k", "v", "mask")
 MAX_HEAD_DIM = 256
 CAUSAL_MODES = ("none", "top_left", "bottom_right")
+DTYPES = ("float32", *HALF_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         if spec is None:
             raise ArgumentError(name, "a tensor", None, op=NAME)
     assert q is not None and k is not None and v is not None
-    require_dtype(NAME, "q", q)
+    require_dtype(NAME, "q", q, DTYPES)
     require_same_dtype(NAME, "k", k, q, "q")
     require_same_dtype(NAME, "v", v, q, "q")
     if len(q.shape) not in (3, 4):
@@ -154,9 +155,8 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
     if tuple(v.shape) != tuple(k.shape):
         raise ArgumentError("v", f"the shape of k {tuple(k.shape)} (value head dim = D)", f"shape {v.shape}", op=NAME)
     if not 1 <= d <= MAX_HEAD_DIM:
-        raise ArgumentError("q", f"a head dim D in 1..{MAX_HEAD_DIM} (fused kernels: D a multiple of 16 up to 128 "
-                            "on matrix cores, 32/64/96/128 on the SIMT cores; other D run three_stage)",
-                            f"D = {d}", op=NAME)
+        raise ArgumentError("q", f"a head dim D in 1..{MAX_HEAD_DIM} (fused kernels: any D on matrix cores, "
+                            "32/64/96/128 on the SIMT cores; other D run three_stage)", f"D = {d}", op=NAME)
     mask_shape = mask_dtype = None
     if mask is not None:
         require_dtype(NAME, "mask", mask, ("float32", q.dtype))
@@ -235,7 +235,11 @@ def tolerance(problem: AttentionProblem, schedule: Any) -> tuple[float, float]:
     fp32: fp32 dot products of D terms, exp2 on the SFU (about 2 ulp) and sums over Sk keys:
     a few 1e-6. fp16: the output is rounded to fp16 (half an ulp: 2^-11 of the largest value),
     and on the matrix cores P is rounded to fp16 before P V (2^-11 relative per term, averaged).
+    bf16: the same two roundings with an 8-bit significand (half an ulp: 2^-9, 8x fp16's), so 8x
+    fp16's allowance: 1.6e-2.
     """
     if problem.dtype == "float32":
         return (2e-5, 2e-5)
+    if problem.dtype == "bfloat16":
+        return (1.6e-2, 1.6e-2)
     return (2e-3, 2e-3)

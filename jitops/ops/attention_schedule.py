@@ -1,7 +1,9 @@
 """attention schedules: the scheduler, the tuning space and the kernel launches of each algorithm.
 
 Algorithms:
-- fused_mma: flash-style single pass on the matrix cores (fp16, D a multiple of 16 up to 128).
+- fused_mma: flash-style single pass on the matrix cores (fp16; any D up to 256, padded to a
+  multiple of 16 in the kernel; GQA packing, warps splitting keys and split-KV for decoding:
+  attention_mma).
 - fused: the same single pass on the SIMT cores (fp32 math; fp32 or fp16; D in 32, 64, 96, 128).
 - three_stage: scores = scale Q K^T (our GEMM), row softmax (warp per row), out = P V (GEMM);
   the seed's hybrid without BLAS. Any D up to 256; needs a B*H*Sq*Sk fp32 workspace.
@@ -13,13 +15,13 @@ import logging
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
+from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
 
 log = logging.getLogger("jitops.ops.attention")
 
 ALGORITHMS = ("fused_mma", "fused", "three_stage", "naive")
-MMA_HEAD_DIMS = tuple(range(16, 129, 16))
 SIMT_HEAD_DIMS = (32, 64, 96, 128)
 LOG2E = 1.4426950408889634
 TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2",
@@ -28,11 +30,6 @@ TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2
 
 
 # ---------------------------------------------------------------- shared-memory sizes
-
-def mma_shared_bytes(d: int, block_q: int, block_k: int) -> int:
-    """Q tile plus double-buffered K and V tiles, fp16 rows padded by 8 halves."""
-    return 2 * (d + 8) * (block_q + 4 * block_k)
-
 
 def simt_shared_bytes(d: int, block_q: int, block_k: int) -> int:
     """Qt [D][BQ+4], Pt [BK][BQ+4], V [BK][D+4], K [BK][D+1], fp32."""
@@ -52,41 +49,6 @@ def _tile_cost(device: DeviceInfo, blocks: int, rows_per_block: int) -> float:
 
 
 # ---------------------------------------------------------------- schedules per algorithm
-
-# (warps, row groups per warp) to try, preferred first on equal cost. Measured on an H200
-# (2026-11-22, D=64, docs/performance.md): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256
-# S=128 and B=8 H=16 S=2048 (causal too): 16 warps per multiprocessor (119 registers) hide latency
-# better than 8 warps holding two groups each (209 registers), although the latter read K/V
-# fragments half as often.
-# Larger D: one group per warp (registers); 4 warps keep two blocks per multiprocessor.
-MMA_SHAPES_UP_TO_64 = ((8, 1), (4, 2), (4, 1), (2, 1))
-MMA_SHAPES_ABOVE_64 = ((4, 1), (2, 1))
-
-
-def _mma_schedule(p: AttentionProblem, device: DeviceInfo, why: str = "") -> Schedule:
-    best = None
-    for warps, row_groups in (MMA_SHAPES_UP_TO_64 if p.d <= 64 else MMA_SHAPES_ABOVE_64):
-        if warps * device.warp_size > device.max_threads_per_block:
-            continue
-        block_q = 16 * row_groups * warps
-        for block_k in (64, 32, 16):
-            smem = mma_shared_bytes(p.d, block_q, block_k)
-            if smem <= device.shared_per_block_optin:
-                break
-        else:
-            continue
-        blocks = p.batch * p.heads * ceil_div(max(p.sq, 1), block_q)
-        cost = _tile_cost(device, blocks, block_q)
-        if best is None or cost < best[0]:
-            best = (cost, warps, row_groups, block_k, blocks, smem)
-    if best is None:
-        raise ScheduleError(f"attention fused_mma: no tile of D={p.d} fits {device.shared_per_block_optin} bytes "
-                            f"of shared memory on {device.name}")
-    _, warps, row_groups, block_k, blocks, smem = best
-    why = why or (f"fp16 on matrix cores: {warps} warps x {row_groups} x 16 query rows per block, K/V tiles of "
-                  f"{block_k} keys double-buffered ({smem // 1024} KiB shared), {blocks} blocks")
-    return Schedule.make("fused_mma", why=why, warps=warps, row_groups=row_groups, block_k=block_k)
-
 
 def _simt_tiles(p: AttentionProblem, device: DeviceInfo) -> list[tuple[int, int, int, int]]:
     """(block_q, block_k, rows_per_thread, cols_per_thread) that fit the device, biggest first."""
@@ -142,21 +104,21 @@ def _three_stage_schedule(p: AttentionProblem, device: DeviceInfo, why: str = ""
 
 
 def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
-    """fp16 + matrix cores + D multiple of 16 (<= 128): fused_mma; else D in 32/64/96/128: fused;
-    else three_stage. naive only when asked for."""
+    """fp16/bf16 + matrix cores: fused_mma (any D); else D in 32/64/96/128: fused; else three_stage.
+    naive only when asked for."""
     p = problem
     if algorithm is None:
-        if p.dtype == "float16" and device.matrix_cores and p.d in MMA_HEAD_DIMS:
-            return _mma_schedule(p, device)
+        if p.dtype in MMA_DTYPES and device.matrix_cores:
+            return mma_schedule(p, device)
         if p.d in SIMT_HEAD_DIMS:
             return _simt_schedule(p, device)
         log.debug("attention D=%d: no fused kernel, three_stage with a %d-byte score workspace", p.d,
                   4 * p.batch * p.heads * p.sq * p.sk)
         return _three_stage_schedule(p, device, why=f"D={p.d} has no fused kernel (fused: {SIMT_HEAD_DIMS}; "
-                                                    f"fused_mma: multiples of 16 up to 128)")
+                                                    f"fused_mma: {', '.join(MMA_DTYPES)} on matrix cores)")
     _check_applicable(p, device, algorithm)
     if algorithm == "fused_mma":
-        return _mma_schedule(p, device)
+        return mma_schedule(p, device)
     if algorithm == "fused":
         return _simt_schedule(p, device)
     if algorithm == "three_stage":
@@ -171,10 +133,9 @@ def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -
         if not device.matrix_cores:
             raise ScheduleError(f"attention fused_mma needs matrix cores (mma.sync on sm_80+, MFMA on CDNA); "
                                 f"{device.name} has none: use 'fused', 'three_stage' or 'naive'")
-        if p.dtype != "float16":
-            raise ScheduleError(f"attention fused_mma takes float16 inputs, got {p.dtype}: use 'fused'")
-        if p.d not in MMA_HEAD_DIMS:
-            raise ScheduleError(f"attention fused_mma supports head dims {MMA_HEAD_DIMS}, got D={p.d}")
+        if p.dtype not in MMA_DTYPES:
+            raise ScheduleError(f"attention fused_mma takes {' or '.join(MMA_DTYPES)} inputs, got {p.dtype}: "
+                                f"use 'fused'")
     if algorithm == "fused" and p.d not in SIMT_HEAD_DIMS:
         raise ScheduleError(f"attention fused supports head dims {SIMT_HEAD_DIMS}, got D={p.d}: use 'three_stage'")
 
@@ -188,18 +149,8 @@ def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
             out.append(heuristic(p, device, algorithm))
         except ScheduleError:
             continue
-    if p.dtype == "float16" and device.matrix_cores and p.d in MMA_HEAD_DIMS:
-        for warps in (2, 4, 8, 16):
-            for row_groups in ((1, 2) if p.d <= 64 and warps <= 8 else (1,)):
-                if warps * device.warp_size > device.max_threads_per_block:
-                    continue
-                for block_k in (32, 64):
-                    if mma_shared_bytes(p.d, 16 * warps * row_groups, block_k) > device.shared_per_block_optin:
-                        continue
-                    out.append(Schedule.make("fused_mma", warps=warps, row_groups=row_groups, block_k=block_k))
-                    if row_groups == 2 and warps == 4 and device.backend == "cuda":
-                        # three resident blocks instead of two: registers capped near 168 per thread
-                        out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=block_k, min_blocks=3))
+    if p.dtype in MMA_DTYPES and device.matrix_cores:
+        out.extend(mma_candidates(p, device))
     if p.d in SIMT_HEAD_DIMS:
         for block_q, block_k, tm, tn in _simt_tiles(p, device):
             out.append(Schedule.make("fused", block_q=block_q, block_k=block_k, rows_per_thread=tm,
@@ -269,36 +220,27 @@ def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> P
 
 def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, scale_log2: float,
                 tail: tuple) -> Plan:
-    idx = _index(p, schedule)
+    # split-KV partials: splits x B x H x Sq x D fp32 elements
+    idx = _index(p, schedule, int(schedule.get("splits", 1)) * p.batch * p.heads * p.sq * p.d)
     params = _common_params(p, idx)
     params["head_dim"] = p.d
     if schedule.algorithm == "fused_mma":
-        warps, row_groups, block_k = (int(schedule[n]) for n in ("warps", "row_groups", "block_k"))
-        block_q = 16 * row_groups * warps
-        threads = warps * device.warp_size
-        smem = mma_shared_bytes(p.d, block_q, block_k)
-        if block_k % 16 or block_k <= 0 or warps <= 0 or row_groups <= 0:
-            raise ScheduleError(f"attention fused_mma: block_k must be a multiple of 16, got {block_k}")
-        min_blocks = int(schedule.get("min_blocks", 0))
-        params.update(warps=warps, row_groups=row_groups, block_k=block_k, threads=threads, min_blocks=min_blocks,
-                      scale_positive=p.scale > 0)
-        kernel = "attention_fused_mma"
-    else:
-        block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
-                                                               "cols_per_thread"))
-        tc = block_k // tn if tn else 0
-        if (tm % 4 or tn <= 0 or block_q % tm or block_k % tn or tc & (tc - 1) or tc > device.warp_size
-                or p.d % tc or (p.d // tc) % 4):
-            raise ScheduleError(f"attention fused: tile {block_q}x{block_k} with {tm}x{tn} per thread does not "
-                                f"divide D={p.d} into float4 columns")
-        threads = (block_q // tm) * tc
-        if threads % device.warp_size:
-            raise ScheduleError(f"attention fused: {threads} threads is not a whole number of warps "
-                                f"({device.warp_size} lanes)")
-        smem = simt_shared_bytes(p.d, block_q, block_k)
-        params.update(block_q=block_q, block_k=block_k, rows_per_thread=tm, cols_per_thread=tn,
-                      async_copy=_has_async_copy(device))
-        kernel = "attention_fused"
+        return plan_mma(p, schedule, device, idx, params, _mask_args(p, idx), tail, scale_log2)
+    block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
+                                                           "cols_per_thread"))
+    tc = block_k // tn if tn else 0
+    if (tm % 4 or tn <= 0 or block_q % tm or block_k % tn or tc & (tc - 1) or tc > device.warp_size
+            or p.d % tc or (p.d // tc) % 4):
+        raise ScheduleError(f"attention fused: tile {block_q}x{block_k} with {tm}x{tn} per thread does not "
+                            f"divide D={p.d} into float4 columns")
+    threads = (block_q // tm) * tc
+    if threads % device.warp_size:
+        raise ScheduleError(f"attention fused: {threads} threads is not a whole number of warps "
+                            f"({device.warp_size} lanes)")
+    smem = simt_shared_bytes(p.d, block_q, block_k)
+    params.update(block_q=block_q, block_k=block_k, rows_per_thread=tm, cols_per_thread=tn,
+                  async_copy=_has_async_copy(device))
+    kernel = "attention_fused"
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"attention {schedule.algorithm}: {threads} threads per block exceed {device.name}'s limit")
     if smem > device.shared_per_block_optin:
@@ -390,9 +332,15 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
             out.append((problem(dtype, d), heuristic(problem(dtype, d), device, "fused")))
         out.append((masked, heuristic(masked, device, "fused")))
     if device.matrix_cores:
-        for d in (32, 64, 128):
+        for d in (40, 64, 256):            # padded D (40 -> 48), the unchecked fast path, Q from shared memory
             pr = problem("float16", d)
             out.append((pr, heuristic(pr, device, "fused_mma")))
         pr = problem("float16", 64, mask=True, causal=True)
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=2, block_k=64)))
+        # decoding, bf16: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel
+        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16"),
+                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16"), "mask": None}
+        pr = make_problem(specs, {"causal": "bottom_right"})
+        out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
+                                      splits=8)))
     return out

@@ -22,7 +22,7 @@ from .. import config
 from ..device import DeviceInfo
 from ..errors import BackendUnavailable, CompileError, EmulatorFault, LaunchError
 from .base import Backend, Kernel, PackedArgs, save_failed_source
-from .hostcc import build_library, compiler_version, find_compiler, write_atomic
+from .hostcc import build_library, compiler_version, find_compiler, write_cached
 
 log = logging.getLogger("jitops.cpu")
 
@@ -130,7 +130,7 @@ class CpuBackend(Backend):
         digest = hashlib.sha256(binary).hexdigest()[:24]
         path = config.cache_dir() / "emu" / "so" / f"{digest}.so"
         if not path.exists() or path.stat().st_size != len(binary):
-            write_atomic(path, binary)
+            path = write_cached(Path("emu") / "so" / f"{digest}.so", binary)
         try:
             lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
         except OSError as exc:

@@ -25,6 +25,8 @@ from .base import Backend, Kernel, PackedArgs, save_failed_source
 from .fastlaunch import bind_native, native_launcher
 from .hostcc import write_atomic
 
+ARCH_SPECIFIC_MARK = "#define JT_REQUIRES_SM90A"   # in a source: compile for sm_90a
+
 log = logging.getLogger("jitops.cuda")
 
 _DEFAULT_SMEM = 48 * 1024
@@ -167,6 +169,20 @@ class CudaBackend(Backend):
     def compile_options(self) -> tuple[str, ...]:
         return (self._arch_option(), "-std=c++17", "-default-device", "--ptxas-options=-v")
 
+    def _source_options(self, source: str, label: str) -> list[str]:
+        """The options for one source: Hopper's warpgroup instructions (wgmma, setmaxnreg) exist
+        only on the arch-specific target, which a source asks for by defining JT_REQUIRES_SM90A
+        (templates/common/wgmma.h.j2 does); such a cubin runs on compute capability 9.0 alone."""
+        opts = list(self.compile_options())
+        if ARCH_SPECIFIC_MARK in source:
+            if self.device.arch.rstrip("a") != "sm_90":
+                raise CompileError("cuda", self.device.arch,
+                                   f"{label} uses Hopper warpgroup instructions (sm_90a); this device is "
+                                   f"{self.device.arch}: its scheduler should not have chosen this kernel",
+                                   save_failed_source(label, source, ".cu"))
+            opts[0] = "-arch=sm_90a"
+        return opts
+
     @property
     def binary_format(self) -> str:
         return "cubin"
@@ -177,7 +193,7 @@ class CudaBackend(Backend):
         if int(err) != 0:
             raise BackendUnavailable(f"nvrtcCreateProgram failed: {err}")
         try:
-            opts = [o.encode() for o in self.compile_options()]
+            opts = [o.encode() for o in self._source_options(source, label)]
             (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
             _, size = nv.nvrtcGetProgramLogSize(prog)
             buf = b" " * size

@@ -1,11 +1,16 @@
-"""The native launcher (native/jitops_launch.c), built with the host C compiler on first use.
+"""The native launcher (native/jitops_launch.c): built with the wheel as the extension module
+jitops.runtime.jitops_launch, else (a source checkout, a wheel built without a compiler) built
+with the host C compiler on first use.
 
 A Python binding spends microseconds converting eleven launch arguments; this extension calls
-the driver's launch entry point directly. When it cannot be built (no compiler or no Python
-headers), backends fall back to their binding's launch.
+the driver's launch entry point directly, and runs whole repeat calls (FastCall, Dispatch). When
+neither copy is available, backends fall back to their binding's launch and repeat calls to the
+generated Python path; that is warned about once, naming what is missing.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.machinery
 import importlib.util
 import logging
@@ -15,14 +20,21 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
+from .. import config
+from ..errors import BackendUnavailable
 from .hostcc import build_library
 
 log = logging.getLogger("jitops.launch")
 
-_SOURCE = Path(__file__).resolve().parent / "native" / "jitops_launch.c"
+_NATIVE = Path(__file__).resolve().parent / "native"
+# Every file of the module (setup.py lists the same, in this order, for its digest).
+_FILES = ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c")
+_SOURCES = [_NATIVE / f for f in _FILES if f.endswith(".c")]
+_PREBUILT = "jitops.runtime.jitops_launch"
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failed = False
+origin: str = ""        # where the loaded launcher came from: "prebuilt" (built with the package) or a path
 
 
 def native_launcher() -> ModuleType | None:
@@ -32,20 +44,66 @@ def native_launcher() -> ModuleType | None:
         return _module
     with _lock:
         if _module is None and not _failed:
-            try:
-                include = sysconfig.get_paths()["include"]
-                suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-                path = build_library("jitops_launch", [_SOURCE], ["-O2", "-shared", "-fPIC", f"-I{include}"],
-                                     cxx=False, suffix=suffix)
-                loader = importlib.machinery.ExtensionFileLoader("jitops_launch", str(path))
-                spec = importlib.util.spec_from_file_location("jitops_launch", str(path), loader=loader)
-                module = importlib.util.module_from_spec(spec)
-                loader.exec_module(module)
-                _module = module
-            except Exception as exc:  # no compiler, no Python.h, ...: the binding's launch still works
-                log.info("native launcher unavailable (%s); launching through the binding", exc)
-                _failed = True
+            _module = _prebuilt() or _compiled()
+            _failed = _module is None
     return _module
+
+
+def memory_released() -> None:
+    """Memory a FastCall may remember (derived data, per-stream scratch) was freed: every FastCall
+    forgets what it remembered (the next call asks Python again)."""
+    if _module is not None and hasattr(_module, "memory_released"):
+        _module.memory_released()
+
+
+def source_digest() -> str:
+    """What the module's files hash to; a prebuilt module carries the digest it was built from."""
+    h = hashlib.sha256()
+    for f in _FILES:
+        h.update((_NATIVE / f).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _prebuilt() -> ModuleType | None:
+    """The copy built with the wheel, when it was built from the source beside it."""
+    global origin
+    try:
+        module = importlib.import_module(_PREBUILT)
+    except ImportError:
+        return None
+    if getattr(module, "source_digest", None) != source_digest():
+        log.debug("%s was built from other sources; not used", module.__file__)
+        return None
+    origin = "prebuilt"
+    return module
+
+
+def _compiled() -> ModuleType | None:
+    """Built with the host C compiler (cached); None, warned once, when that cannot be done."""
+    global origin
+    include = sysconfig.get_paths()["include"]
+    try:
+        if not (Path(include) / "Python.h").is_file():
+            raise BackendUnavailable(f"Python development headers missing (no Python.h in {include})")
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+        path = build_library("jitops_launch", _SOURCES,
+                             ["-O2", "-shared", "-fPIC", f"-I{include}", f'-DJITOPS_LAUNCH_DIGEST="{source_digest()}"'],
+                             cxx=False, suffix=suffix)
+        loader = importlib.machinery.ExtensionFileLoader("jitops_launch", str(path))
+        spec = importlib.util.spec_from_file_location("jitops_launch", str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # no compiler, no Python.h, ...: the binding's launch still works
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        config.warn(log, f"jitops native launcher unavailable (no prebuilt copy in this installation, and "
+                         f"building it failed: {reason}); kernels launch through the Python binding and "
+                         f"repeat calls take the Python path (a few microseconds more per call)")
+        return None
+    origin = str(path)
+    if not config.is_checkout():
+        config.warn(log, f"jitops native launcher: no prebuilt copy in this installation (the wheel was built "
+                         f"without a C compiler?); built {path.name} with the host compiler instead")
+    return module
 
 
 def bind_native(module: ModuleType, entry: int, handle: int, grid: Sequence[int], block: Sequence[int],

@@ -2,7 +2,8 @@
 
 Used for the CPU emulator's runtime, the native kernel launcher and the ONNX Runtime custom-op
 library. A library is keyed by its sources, flags and compiler, and written atomically, so
-concurrent processes never load a half-written file.
+concurrent processes never load a half-written file. A cache directory that cannot take the file
+(read-only, full) is not fatal: config switches the process to its fallback directory.
 """
 from __future__ import annotations
 
@@ -40,12 +41,41 @@ def compiler_version(compiler: str) -> str:
     return _versions[compiler]
 
 
+def _write_all(f, data: bytes) -> None:
+    f.write(data)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` all at once (a temporary file renamed over it); a failure leaves nothing behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_all(f, data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_cached(relative: str | Path, data: bytes) -> Path:
+    """Write `data` at `relative` inside the cache directory in use and return its path. If the
+    write fails there, the process moves to its fallback cache directory (warned once) and the
+    file is written there instead; an error only when that fails too."""
+    path = config.cache_dir() / relative
+    try:
+        write_atomic(path, data)
+        return path
+    except OSError as exc:
+        fallback = config.cache_write_failed(path, exc)
+        if fallback is None:
+            raise
+    path = fallback / relative
+    write_atomic(path, data)
+    return path
 
 
 def build_library(name: str, sources: Sequence[Path], flags: Sequence[str], cxx: bool = True,
@@ -56,7 +86,8 @@ def build_library(name: str, sources: Sequence[Path], flags: Sequence[str], cxx:
     for part in (compiler_version(compiler), " ".join(flags), *(Path(s).read_text() for s in sources)):
         h.update(part.encode())
         h.update(b"\0")
-    path = config.cache_dir() / "native" / f"{name}-{h.hexdigest()[:16]}{suffix}"
+    relative = Path("native") / f"{name}-{h.hexdigest()[:16]}{suffix}"
+    path = config.cache_dir() / relative
     if path.exists():
         return path
     with tempfile.TemporaryDirectory(prefix=f"jitops-{name}-") as tmp:
@@ -66,5 +97,4 @@ def build_library(name: str, sources: Sequence[Path], flags: Sequence[str], cxx:
         if res.returncode != 0:
             raise CompileError("host", name, f"$ {' '.join(cmd)}\n{res.stderr}", Path(sources[0]))
         log.info("built %s", path.name)
-        write_atomic(path, out.read_bytes())
-    return path
+        return write_cached(relative, out.read_bytes())

@@ -107,7 +107,7 @@ def collect(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None
     for np_ in map_nodes(proto, shapes):
         ops = "+".join(np_.onnx_ops)
         if np_.problem is None:
-            skipped.append(Skipped(list(np_.nodes), ops, np_.reason))
+            skipped.append(Skipped(list(np_.nodes), ops, np_.reason or np_.describe()))   # symbolic sizes
             continue
         k = (np_.op, np_.problem.key())
         entry = unique.setdefault(k, ModelProblem(np_.op, np_.problem, onnx_ops=ops))

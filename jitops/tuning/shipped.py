@@ -1,4 +1,4 @@
-"""Tune the benchmark problems (../shared/BENCHMARKS.md) and write schedules/<arch>.json.
+"""Tune the benchmark problems (the bench modules' own lists) and write schedules/<arch>.json.
 
     python -m jitops.tuning.shipped --export schedules/sm_90.json            # on the GPU
     python -m jitops.tuning.shipped --ops leaky_relu,conv2d --budget 300
@@ -68,14 +68,12 @@ def _bench_problems(op: str) -> list[tuple[str, Any]]:
     return bench.problems(_BENCH_SHAPES)
 
 
-BENCH_OPS = ("conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm", "leaky_relu")
-
-
 def benchmark_problems(ops: list[str] | None = None) -> list[tuple[str, ModuleType, Any]]:
     """(name, op module, problem) for every benchmark problem whose op is in this build."""
     present = set(op_names())
     out = []
-    for op in ops or BENCH_OPS:
+    from ..bench import bench_ops
+    for op in ops or bench_ops():
         if op not in present:
             log.warning("%s is not in this build: its benchmark problems are left out", op)
             continue

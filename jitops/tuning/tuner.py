@@ -26,6 +26,7 @@ from .. import engine
 from ..cache import loader
 from ..errors import JitopsError
 from ..ops.base import Schedule
+from ..prepared import plan_failure
 from ..records import device_key, new_record, store
 from ..runtime import current_backend
 from . import space
@@ -112,10 +113,9 @@ def from_record(op: ModuleType, problem: Any, backend: Any) -> TuneResult | None
         # the record stays usable for calls, but a tuning run measures this device.
         return None
     schedule = Schedule.from_dict(rec["schedule"])
-    try:
-        op.plan(problem, schedule, device)
-    except Exception as exc:
-        log.warning("%s record for %s no longer plans (%s); tuning again", origin, problem.key(), exc)
+    failure = plan_failure(op, problem, schedule, device)
+    if failure is not None:
+        log.warning("%s record for %s no longer plans (%s); tuning again", origin, problem.key(), failure)
         return None
     heur = rec.get("heuristic") or {}
     return TuneResult(op.NAME, problem.key(), problem, device_key(device), schedule, rec.get("time_us"),

@@ -3,7 +3,7 @@
 // ORT loads this library with SessionOptions.register_custom_ops_library and calls
 // RegisterCustomOps. Before that, jitops (jitops/onnx/native.py) has loaded the same file with
 // ctypes and called jitops_ort_configure with the node types (domain `jitops`) and three callbacks.
-// Each node type is registered for float and float16, on the CPU execution provider and on the
+// Each node type is registered for float, float16 and bfloat16, on the CPU execution provider and on the
 // CUDA and ROCm ones. A kernel reads its node's attributes once (CreateKernelV2) and hands them to
 // the `create` callback; Compute passes the inputs as they are (data pointer, shape, element type;
 // host memory on CPU, device memory on CUDA/ROCm, no copies) plus ORT's GPU compute stream, and
@@ -348,7 +348,7 @@ JT_EXPORT int jitops_ort_configure(const char* spec, const char* domain, CreateF
     g_domain_name = domain;
     g_ops = new std::vector<JtOp*>();
     for (const TypeSpec& t : *g_types)
-      for (int elem : {ort::kFloat, ort::kFloat16})
+      for (int elem : {ort::kFloat, ort::kFloat16, ort::kBFloat16})
         for (int provider : {kCpu, kCuda, kRocm}) g_ops->push_back(make_op(&t, elem, provider));
   }
   g_create = create;

@@ -61,6 +61,7 @@ constexpr uint32_t kCustomOpVersion = 16;
 // Element types (TensorProto.DataType numbering).
 constexpr int kFloat = 1;
 constexpr int kFloat16 = 10;
+constexpr int kBFloat16 = 16;
 
 // OrtErrorCode values.
 constexpr int kFail = 1;

@@ -1,0 +1,258 @@
+"""attention on the matrix cores (fused_mma: fp16 or bf16 operands, fp32 accumulation): tile choice,
+split-KV, GQA packing and the launches.
+
+One kernel family (templates/attention/fused_mma.hip.j2) covers every head dim 1..256 (padded
+to a multiple of 16 inside the kernel), prefill and decoding:
+- prefill: each warp owns 16-row groups of a query tile and sweeps all keys;
+- decoding (one 16-row tile per row set): the warps split every K/V tile's keys between them
+  and merge their softmax states at the end ("key_warps");
+- grouped-query attention with few queries: the query heads that share a kv head are packed
+  into the rows of one tile ("pack"), so K/V are read once per group;
+- split-KV ("splits"): too few blocks to fill the device -> the keys are split across blocks,
+  each writes a partial output and its log-sum-exp, attention_merge combines them.
+"""
+from __future__ import annotations
+
+import math
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .attention_problem import AttentionProblem
+from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div
+
+MMA_DTYPES = ("float16", "bfloat16")
+TEMPLATE = "attention/fused_mma.hip.j2"
+MERGE_TEMPLATE = "attention/split_merge.hip.j2"
+MERGE_BLOCK = 256
+MAX_SPLITS = 128
+# (warps, row groups per warp, Q fragments in registers or None: by D) to try, preferred first on
+# equal cost. H200 (2026-11-22, D=64): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256 S=128 and
+# B=8 H=16 S=2048 (16 warps per multiprocessor at 119 registers hide latency better than 8 warps at
+# 209). H100 (2026-11-23, scripts/device_attention.py sweep): DiT D=72 runs 1.25x faster on 8 x 1
+# than on 4 x 1; Llama-3 prefill D=128 1.25x faster on FA-2's 4 warps x 2 groups with Q re-read from
+# shared memory than on 4 x 1, and 8 x 1 only 1.06x.
+SHAPES_UP_TO_64 = ((8, 1, None), (4, 2, None), (4, 1, None), (2, 1, None))
+SHAPES_UP_TO_96 = ((8, 1, None), (4, 1, None), (2, 1, None))
+SHAPES_UP_TO_128 = ((4, 2, False), (4, 1, None), (2, 1, None))
+SHAPES_ABOVE_128 = ((8, 1, None), (4, 1, None), (2, 1, None))     # Gemma D=256: 8 x 1 1.13x faster than 4 x 1
+
+
+def padded_dim(d: int) -> int:
+    """The head dim the matrix cores see: D rounded up to the 16 of one mma k-step."""
+    return ceil_div(max(d, 1), 16) * 16
+
+
+def q_in_registers(d: int) -> bool:
+    """Q fragments stay in registers up to DP = 128; beyond, the O accumulators (DP/2 floats per
+    lane) need the room and Q is re-read from shared memory per tile."""
+    return padded_dim(d) <= 128
+
+
+def shared_bytes(d: int, block_q: int, block_k: int, key_warps: int = 1, split: bool = False,
+                 stages: int = 2, elem: int = 2) -> int:
+    """Q tile plus `stages` buffers of K and V tiles (rows padded by 8 elements); the merge
+    epilogue reuses that space for fp32 per-warp states and may need more."""
+    dp = padded_dim(d)
+    main = elem * (dp + 8) * (block_q + 2 * stages * block_k)
+    if key_warps == 1 and not split:
+        return main
+    return max(main, 4 * key_warps * block_q * (dp + 4 + 2))
+
+
+def _registers(d: int, groups: int, block_k: int, key_warps: int, q_regs: bool) -> int:
+    """Rough registers per thread: O accumulators, scores, Q fragments (when kept) and ~64 for
+    addresses and softmax state (the D=64 prefill kernel reported 119 on NVRTC 13)."""
+    dt = padded_dim(d) // 16
+    per_lane = 8 * groups * dt + 8 * groups * (block_k // 16 // key_warps)
+    return 64 + per_lane + (4 * groups * dt if q_regs else 0)
+
+
+def _blocks_per_sm(device: DeviceInfo, threads: int, smem: int, registers: int) -> int:
+    return min(device.resident_blocks(threads, smem + 1024, min(registers, 255)), 32)   # 1 KiB reserved per block
+
+
+def choose_splits(device: DeviceInfo, blocks: int, kv_tiles: int, per_sm: int) -> int:
+    """FA-2's rule with our occupancy: split only when the blocks fill less than 80% of the
+    device's block slots, then take the smallest split count whose wave efficiency is within
+    85% of the best (at most 128 splits, at least 2 K/V tiles per split)."""
+    slots = device.multiprocessors * per_sm
+    if blocks >= 0.8 * slots or kv_tiles < 8:
+        return 1
+    most = min(MAX_SPLITS, kv_tiles // 2)
+    effs = []
+    for s in range(1, most + 1):
+        waves = blocks * s / slots
+        effs.append(waves / math.ceil(waves) if waves else 0.0)
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
+
+
+def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int) -> int:
+    """Decoding reads K/V once and is memory-bound: about three blocks per multiprocessor keep enough
+    copies in flight. H100 sweep (2026-11-23): Llama-3 decode (128 blocks) 104.7 us with 3 splits
+    against 114.5 / 122.0 / 124.0 us with 1 / 6 / 12; Falcon MQA (48 blocks) 16.5 us with 8."""
+    if kv_tiles < 4:
+        return 1
+    want = round(3 * device.multiprocessors / max(blocks, 1))
+    return max(1, min(want, MAX_SPLITS, kv_tiles // 2))
+
+
+def _pack(p: AttentionProblem) -> bool:
+    """Pack a kv head's query heads into one row set when each head has few query rows (decoding,
+    speculative decoding): K/V are then read once per kv head (MQA: once for all 71 Falcon heads)."""
+    return p.group > 1 and p.sq <= 16
+
+
+def _small_sk_block(sk: int, options: tuple[int, ...]) -> int:
+    """For short key ranges (cross-attention to 77 tokens) the tile that wastes the fewest padded
+    keys, charging each tile 16 keys' worth of fixed cost."""
+    return min(options, key=lambda bk: (ceil_div(max(sk, 1), bk) * (bk + 16), -bk))
+
+
+def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
+    """The scheduler's fused_mma tiles for this problem, with the reasons in `why`."""
+    dp = padded_dim(p.d)
+    pack = _pack(p)
+    rows = (p.group if pack else 1) * p.sq
+    sets = p.batch * p.heads // (p.group if pack else 1)
+    shapes: tuple[tuple[int, int, int, bool | None, tuple[int, ...]], ...]   # (warps, groups, key warps, Q, tiles)
+    decoding = rows <= 16 or (pack and rows <= 128)
+    if decoding:                         # one or two 16-row tiles per set: the warps split each tile's keys
+        row_warps = 1 if rows <= 16 else 2
+        shapes = tuple((row_warps * bk // 16, 1, bk // 16, None, (bk,))            # one 16-key slice per warp
+                       for bk in ((64, 32, 16) if dp <= 128 else (32, 16)))
+    else:
+        base = (SHAPES_UP_TO_64 if dp <= 64 else SHAPES_UP_TO_96 if dp <= 96 else SHAPES_UP_TO_128 if dp <= 128
+                else SHAPES_ABOVE_128)
+        bks = (64, 32, 16) if dp <= 128 else (32, 16)
+        if p.sk <= 128:
+            bks = tuple(sorted(bks, key=lambda bk: bk != _small_sk_block(p.sk, bks)))
+        shapes = tuple((w, g, 1, q, bks) for w, g, q in base)
+    best = None
+    for w, groups, key_warps, q_regs, bks in shapes:
+        threads = w * device.warp_size
+        if threads > device.max_threads_per_block:
+            continue
+        block_q = 16 * groups * (w // key_warps)
+        for bk in bks:
+            smem = shared_bytes(p.d, block_q, bk, key_warps, True)
+            if smem <= device.shared_per_block_optin:
+                break
+        else:
+            continue
+        blocks = sets * ceil_div(max(rows, 1), block_q)
+        cost = ceil_div(blocks, device.multiprocessors) * (block_q + 32)
+        if best is None or cost < best[0]:
+            best = (cost, w, groups, key_warps, bk, blocks, threads, q_regs)
+    if best is None:
+        raise ScheduleError(f"attention fused_mma: no tile of D={p.d} fits {device.shared_per_block_optin} bytes "
+                            f"of shared memory on {device.name}")
+    _, w, groups, key_warps, bk, blocks, threads, q_regs = best
+    block_q = 16 * groups * (w // key_warps)
+    per_sm = _blocks_per_sm(device, threads, shared_bytes(p.d, block_q, bk, key_warps, True),
+                            _registers(p.d, groups, bk, key_warps, q_in_registers(p.d) if q_regs is None else q_regs))
+    kv_tiles = ceil_div(p.sk, bk)
+    splits = decode_splits(device, blocks, kv_tiles) if decoding else choose_splits(device, blocks, kv_tiles, per_sm)
+    params: dict = dict(warps=w, row_groups=groups, block_k=bk)
+    if key_warps > 1:
+        params["key_warps"] = key_warps
+    if q_regs is not None and q_regs != q_in_registers(p.d):
+        params["q_regs"] = q_regs
+    if pack:
+        params["pack"] = True
+    if splits > 1:
+        params["splits"] = splits
+    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1)
+    why = (f"{p.dtype} on matrix cores, D={p.d} padded to {dp}: {w} warps, "
+           + (f"{block_q} query rows, each warp 1/{key_warps} of every K/V tile" if key_warps > 1
+              else f"{groups} x 16 query rows per warp")
+           + f"; K/V tiles of {bk} keys double-buffered ({smem // 1024} KiB shared); {blocks} blocks"
+           + (f" ({p.group} query heads per kv head packed into one row set)" if pack else "")
+           + (f", keys split {splits} ways ({blocks * splits} blocks; {per_sm} per SM fit) + merge"
+              if splits > 1 else ""))
+    return Schedule.make("fused_mma", why=why, **params)
+
+
+def mma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
+    """Tile variants for the tuner: warps x row groups x block_k, and split counts around the
+    heuristic's when it splits."""
+    out = []
+    dp = padded_dim(p.d)
+    for warps in (2, 4, 8, 16):
+        for groups in ((1, 2) if dp <= 64 and warps <= 8 else (1,)):
+            if dp > 128 and warps > 4:
+                continue
+            if warps * device.warp_size > device.max_threads_per_block:
+                continue
+            for bk in ((32, 64, 128) if dp <= 64 else (32, 64)):
+                if shared_bytes(p.d, 16 * warps * groups, bk) > device.shared_per_block_optin:
+                    continue
+                out.append(Schedule.make("fused_mma", warps=warps, row_groups=groups, block_k=bk))
+                if groups == 2 and warps == 4 and device.backend == "cuda":
+                    # three resident blocks instead of two: registers capped near 168 per thread
+                    out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=bk, min_blocks=3))
+    if 64 < dp <= 128:                   # FA-2's D=128 shape: 4 warps x 32 rows, Q re-read from shared memory
+        for bk in (32, 64):
+            if shared_bytes(p.d, 128, bk) <= device.shared_per_block_optin:
+                out.append(Schedule.make("fused_mma", warps=4, row_groups=2, block_k=bk, q_regs=False))
+    h = mma_schedule(p, device)
+    out.append(h)
+    s = int(h.get("splits", 1))
+    if s > 1 or h.get("key_warps", 1) > 1:
+        base = {k: v for k, v in h.params if k != "splits"}
+        for alt in sorted({max(1, s // 2), s * 2, s * 4} - {s}):
+            if alt <= MAX_SPLITS:
+                out.append(Schedule.make("fused_mma", **base, **({"splits": alt} if alt > 1 else {})))
+    return out
+
+
+def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: str, common: dict,
+             mask_args: tuple, tail: tuple, scale_log2: float) -> Plan:
+    """The fused_mma launch, plus the merge launch and fp32 workspaces when the keys are split."""
+    warps, groups, bk = (int(schedule[n]) for n in ("warps", "row_groups", "block_k"))
+    key_warps = int(schedule.get("key_warps", 1))
+    splits = int(schedule.get("splits", 1))
+    stages = int(schedule.get("stages", 2))
+    pack = bool(schedule.get("pack", False)) and p.group > 1
+    if (bk % 16 or bk <= 0 or warps <= 0 or groups <= 0 or key_warps <= 0 or warps % key_warps
+            or (bk // 16) % key_warps or splits < 1 or not 2 <= stages <= 8):
+        raise ScheduleError(f"attention fused_mma: block_k={bk} must be a multiple of 16 whose 16-key slices "
+                            f"divide among key_warps={key_warps}, which must divide warps={warps}")
+    threads = warps * device.warp_size
+    block_q = 16 * groups * (warps // key_warps)
+    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1, stages)
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"attention fused_mma: {threads} threads per block exceed {device.name}'s limit")
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"attention fused_mma: {smem} bytes of shared memory exceed "
+                            f"{device.shared_per_block_optin} on {device.name}")
+    rows = (p.group if pack else 1) * p.sq
+    sets = p.batch * p.heads // (p.group if pack else 1)
+    q_tiles = ceil_div(rows, block_q)
+    chunk = ceil_div(ceil_div(max(p.sk, 1), splits), bk) * bk
+    splits = ceil_div(max(p.sk, 1), chunk) if splits > 1 else 1     # no empty splits
+    blocks = sets * q_tiles * splits
+    if blocks > 2**31 - 1:
+        raise ScheduleError(f"attention fused_mma: {blocks} blocks exceed the grid limit")
+    params = {**common, "head_dim": p.d, "warps": warps, "row_groups": groups, "block_k": bk,
+              "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
+              "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
+              "packed": pack, "split": splits > 1, "stages": stages}
+    total_rows = p.batch * p.heads * p.sq
+    ikind = "i32" if idx == "int" else "i64"
+    if splits > 1:
+        dest = (Buf("opart"), Buf("lse"), Scalar("i32", splits), Scalar("i32", chunk), Scalar(ikind, total_rows))
+    else:
+        dest = (Buf("out"),)
+    args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, *dest, *tail, Scalar("i32", q_tiles),
+            Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    launch = Launch.make(TEMPLATE, "attention_fused_mma", params, (blocks,), (threads,), args, smem)
+    if splits == 1:
+        return Plan(launches=(launch,))
+    n = total_rows * p.d
+    merge = Launch.make(MERGE_TEMPLATE, "attention_merge",
+                        {"index_type": idx, "ctype": C_TYPE[p.dtype], "head_dim": p.d, "block": MERGE_BLOCK},
+                        (ceil_div(n, MERGE_BLOCK),), (MERGE_BLOCK,),
+                        (Buf("opart"), Buf("lse"), Buf("out"), Scalar(ikind, total_rows), Scalar("i32", splits)))
+    return Plan(launches=(launch, merge), workspaces=(Workspace("opart", 4 * splits * n),
+                                                       Workspace("lse", 4 * splits * total_rows)))

@@ -1,0 +1,33 @@
+/* Shared between the two translation units of the jitops_launch extension module. */
+#ifndef JITOPS_NATIVE_H
+#define JITOPS_NATIVE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* The driver's launch entry point (cuLaunchKernel, hipModuleLaunchKernel: the same signature). */
+typedef int (*launch_fn)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                         unsigned bz, unsigned shared, void* stream, void** params, void** extra);
+
+#define FC_MAX_PTRS 64 /* inputs, outputs, derived and scratch pointers of one call */
+
+/* jitops_fastcall.c: the repeat call of a bound plan. */
+extern PyTypeObject JtFastCallType;
+PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs); /* inputs: a tuple of the right signature */
+PyObject* jt_fastcall_expect(PyObject* call);                  /* borrowed: per input None or (type, shape, dtype, device) */
+extern PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version;
+int jt_intern_names(void);
+
+/* jitops_dispatch.c: an op's table of FastCalls, and the call signatures they are checked by. */
+extern PyTypeObject JtDispatchType;
+typedef struct {
+  PyObject *shape, *dtype, *device; /* NULL for a None input */
+} jt_sig;
+int jt_sig_read(PyObject* inputs, PyTypeObject* base, jt_sig* sig); /* 1 read, 0 not of type base, -1 error */
+int jt_sig_equal(PyObject* expect, const jt_sig* sig, Py_ssize_t n); /* 1 equal, 0 not, -1 error */
+void jt_sig_release(jt_sig* sig, Py_ssize_t n);
+int jt_all_contiguous(PyObject* inputs);                             /* 1, 0, -1 error */
+/* memory_released(): memory some FastCall may remember (derived data, per-stream scratch) was
+ * freed; every remembered pointer is dropped before its next use. */
+PyObject* jt_memory_released(PyObject* self, PyObject* noargs);
+
+#endif

@@ -1,0 +1,272 @@
+"""Attention on a GPU, one command: every model shape of jitops.bench.attention (fp16 and bf16) checked
+against float64 and timed against torch SDPA on the same tensors (CUDA-graph replay and eager, median
+of trials), a small tile sweep of the matrix-core kernel, and compute-sanitizer memcheck / racecheck on
+one small case of each new kernel path. Prints a table last; writes JSON with --out.
+
+    python3 scripts/device_attention.py [--out DIR] [--no-sweep] [--no-sanitize]
+    python3 scripts/device_attention.py --sanitize-case      (the small cases, run under the sanitizer)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+import jitops
+from jitops.bench.attention import MODELS, sdpa_call, torch_reference
+from jitops.bench.timing import Timer
+from jitops.ops import get_op
+from jitops.ops.base import Schedule, TensorSpec
+
+op = get_op("attention")
+TDT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SEED = (256, 128, 64)
+BIG = (8, 16, 2048, 64)
+def _s(**kw):
+    return Schedule.make("fused_mma", **kw)
+
+
+DEC = dict(warps=4, row_groups=1, block_k=64, key_warps=4, pack=True)
+# fp16 tile alternatives timed next to the scheduler's choice (graph replay), to tune the heuristic.
+Q2 = dict(row_groups=2, q_regs=False)        # 2 row groups per warp sharing K/V fragments, Q from shared memory
+SWEEP = {
+    "Llama3-8B decode B=16 Sk=4096": [_s(**DEC, splits=3, stages=3), _s(**DEC, splits=3, stages=4),
+                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=3, stages=4),
+                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6,
+                                         stages=3)],
+    "Falcon-7B decode MQA Sk=2048": [_s(warps=8, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8),
+                                     _s(warps=4, row_groups=1, block_k=64, pack=True, splits=8),
+                                     _s(warps=2, row_groups=1, block_k=64, pack=True, splits=12, stages=3)],
+    "B=8 H=16 S=2048 D=64": [_s(warps=4, block_k=64, **Q2), _s(warps=4, block_k=128, **Q2),
+                             _s(warps=8, row_groups=1, block_k=64, stages=3)],
+    "SD1.5 self D=40": [_s(warps=4, block_k=64, **Q2), _s(warps=4, block_k=128, **Q2)],
+    "SDXL self H=10 S=4096": [_s(warps=4, block_k=64, **Q2)],
+    "GPT-2 causal S=1024": [_s(warps=4, block_k=64, **Q2)],
+    "Whisper enc H=20 S=1500": [_s(warps=4, block_k=64, **Q2), _s(warps=4, row_groups=1, block_k=64)],
+    "BERT-base S=128": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, block_k=64, **Q2),
+                        _s(warps=2, row_groups=1, block_k=64)],
+    "CLIP ViT-L/14 S=257": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, block_k=64, **Q2)],
+    "Llama3-8B prefill GQA causal": [_s(warps=4, block_k=32, **Q2), _s(warps=4, block_k=32, stages=3, **Q2)],
+    "DiT-XL S=1024 D=72": [_s(warps=8, row_groups=1, block_k=32)],
+    "Gemma-7B prefill D=256 causal": [_s(warps=8, row_groups=1, block_k=32), _s(warps=4, row_groups=1, block_k=64)],
+}
+
+
+def problem_of(q_shape, kv_shape, dtype, causal):
+    specs = {"q": TensorSpec(q_shape, dtype), "k": TensorSpec(kv_shape, dtype), "v": TensorSpec(kv_shape, dtype),
+             "mask": None}
+    return op.make_problem(specs, {"causal": causal})
+
+
+def cases():
+    out = [("B=256 S=128 D=64", SEED, SEED, "float32", False)]
+    for dtype in ("float16", "bfloat16"):
+        out += [("B=256 S=128 D=64", SEED, SEED, dtype, False), ("B=8 H=16 S=2048 D=64", BIG, BIG, dtype, False),
+                ("B=8 H=16 S=2048 causal", BIG, BIG, dtype, True)]
+        out += [(name, q, kv, dtype, causal) for name, q, kv, causal in MODELS]
+    return out
+
+
+def tensors(q_shape, kv_shape, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return tuple(torch.randn(s, device="cuda", dtype=TDT[dtype], generator=g) for s in (q_shape, kv_shape, kv_shape))
+
+
+def measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=None, vendor=True, n=20):
+    q, k, v = tensors(q_shape, kv_shape, dtype)
+    p = problem_of(q_shape, kv_shape, dtype, causal)
+    sched = schedule or op.heuristic(p, jitops.get_backend().device)
+    out = torch.full_like(q, float("nan"))
+    jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+    torch.cuda.synchronize()
+    ref = torch_reference(torch, q, k, v, causal)
+    scale = float(ref.abs().max())
+    err = float((out.double() - ref).abs().max()) / scale
+    tol = op.tolerance(p, sched)[0]
+    row = {"problem": name, "dtype": dtype, "causal": causal, "schedule": str(sched), "why": sched.why,
+           "algorithm": sched.algorithm,
+           "error": err, "tol": tol, "ok": bool(err <= tol and not torch.isnan(out).any())}
+    run = lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)   # noqa: E731
+    row["graph_us"] = timer.graph_us(run, n=n)
+    if vendor:
+        sdpa = sdpa_call(torch, q, k, v, causal)
+        row["sdpa_error"] = float((sdpa().double().reshape(ref.shape) - ref).abs().max()) / scale
+        row["sdpa_graph_us"] = timer.graph_us(sdpa, n=n)
+        row["eager_us"] = timer.per_call_us(run, n=n)
+        row["sdpa_eager_us"] = timer.per_call_us(sdpa, n=n)
+        if row["graph_us"] is None or row["sdpa_graph_us"] is None:   # capture failed: eager figures
+            row["graph_us"], row["sdpa_graph_us"] = row["eager_us"], row["sdpa_eager_us"]
+            row["note"] = "graph capture failed; eager times"
+        row["ratio"] = row["sdpa_graph_us"] / row["graph_us"]
+        row["ratio_eager"] = row["sdpa_eager_us"] / row["eager_us"]
+        row["tflops"] = p.flops() / (row["graph_us"] * 1e-6) / 1e12
+    del ref
+    torch.cuda.empty_cache()
+    return row
+
+
+def sweep(timer, rows, stop_at):
+    """The SWEEP alternatives of a few fp16 shapes, graph replay, against the heuristic's time."""
+    found = []
+    for name, q_shape, kv_shape, dtype, causal in cases():
+        if dtype != "float16" or name not in SWEEP:
+            continue
+        if time.time() > stop_at:
+            print(f"  sweep stopped at {name}: out of time", flush=True)
+            break
+        base = next(r for r in rows if r["problem"] == name and r["dtype"] == dtype)
+        for s in SWEEP[name]:
+            try:
+                r = measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=s, vendor=False, n=10)
+            except Exception as exc:   # a candidate that does not fit is reported, not fatal
+                print(f"  sweep {name} {s}: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            if r["graph_us"] is None:
+                continue
+            r["vs_heuristic"] = base["graph_us"] / r["graph_us"]
+            r["ratio"] = base["sdpa_graph_us"] / r["graph_us"]
+            found.append(r)
+            print(f"  sweep {name:<32} {r['graph_us']:9.1f} us  x{r['vs_heuristic']:.2f} of heuristic  "
+                  f"sdpa ratio {r['ratio']:.2f}  err {r['error']:.1e} {'' if r['ok'] else 'WRONG'}  {s}", flush=True)
+    return found
+
+
+def sanitize_case():
+    """Small cases reaching each new path: padded D (fast epilogue), D=256 with causal, decoding with
+    packed heads, key-splitting warps, split-KV + merge and a 4-deep copy ring, MQA packed into
+    prefill tiles with a 3-deep ring, bf16."""
+    dev = jitops.get_backend().device
+    runs = [((1, 2, 70, 40), (1, 2, 90, 40), "float16", False, None),
+            ((1, 2, 40, 256), (1, 2, 50, 256), "float16", True, None),
+            ((2, 8, 1, 128), (2, 2, 600, 128), "float16", False,
+             Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=2,
+                           stages=4)),
+            ((2, 12, 1, 64), (2, 1, 700, 64), "float16", False,
+             Schedule.make("fused_mma", warps=2, row_groups=1, block_k=64, pack=True, splits=3, stages=3)),
+            ((2, 8, 3, 72), (2, 1, 300, 72), "bfloat16", "bottom_right",
+             Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3))]
+    bad = 0
+    for q_shape, kv_shape, dtype, causal, sched in runs:
+        q, k, v = tensors(q_shape, kv_shape, dtype)
+        out = torch.full_like(q, float("nan"))
+        jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+        torch.cuda.synchronize()
+        if causal == "bottom_right":   # reference with the bottom-right diagonal
+            off = kv_shape[2] - q_shape[2]
+            kk = k.double().repeat_interleave(q_shape[1] // kv_shape[1], 1)
+            vv = v.double().repeat_interleave(q_shape[1] // kv_shape[1], 1)
+            s = q.double() @ kk.transpose(-1, -2) / q_shape[-1] ** 0.5
+            i = torch.arange(q_shape[2], device="cuda")[:, None]
+            j = torch.arange(kv_shape[2], device="cuda")[None, :]
+            ref = torch.softmax(s.masked_fill(j > i + off, float("-inf")), -1) @ vv
+        else:
+            ref = torch_reference(torch, q, k, v, bool(causal))
+        p = problem_of(q_shape, kv_shape, dtype, causal)
+        sched = sched or op.heuristic(p, dev)
+        err = float((out.double() - ref).abs().max() / ref.abs().max())
+        ok = err <= op.tolerance(p, sched)[0] and not torch.isnan(out).any()
+        bad += not ok
+        print(f"sanitize case {q_shape} {kv_shape} {dtype} causal={causal} {sched}: err {err:.2e} "
+              f"{'ok' if ok else 'WRONG'}", flush=True)
+    sys.exit(1 if bad else 0)
+
+
+def sanitize(out_dir):
+    results = {}
+    for tool in ("memcheck", "racecheck"):
+        t0 = time.time()
+        proc = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
+                               __file__, "--sanitize-case"], capture_output=True, text=True, timeout=240)
+        text = proc.stdout + proc.stderr
+        summary = [line for line in text.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line
+                   or "sanitize case" in line]
+        results[tool] = {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "summary": summary}
+        print(f"compute-sanitizer {tool}: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
+        for line in summary:
+            print("   ", line, flush=True)
+        if proc.returncode and out_dir:
+            with open(os.path.join(out_dir, f"sanitizer_{tool}.txt"), "w") as f:
+                f.write(text[-20000:])
+    return results
+
+
+def best_table(rows, found):
+    """Per fp16 problem: the heuristic's time and the fastest sweep alternative (same run)."""
+    lines = [f"{'problem (fp16)':<34} {'heuristic us':>12} {'best us':>9} {'best/SDPA':>9}  best schedule"]
+    for r in rows:
+        if r["dtype"] != "float16":
+            continue
+        alts = [f for f in found if f["problem"] == r["problem"] and f["ok"]]
+        best = min(alts, key=lambda f: f["graph_us"]) if alts else None
+        if best is None or best["graph_us"] >= r["graph_us"]:
+            best = r
+        lines.append(f"{r['problem']:<34} {r['graph_us']:12.1f} {best['graph_us']:9.1f} "
+                     f"{r['sdpa_graph_us'] / best['graph_us']:9.2f}  {best['schedule']}")
+    return "\n".join(lines)
+
+
+def table(rows):
+    lines = [f"{'problem':<34} {'dtype':<8} {'jitops us':>10} {'SDPA us':>9} {'ratio':>6} {'eager':>6} "
+             f"{'TFLOP/s':>8} {'err':>8}  schedule"]
+    for r in rows:
+        lines.append(f"{r['problem']:<34} {r['dtype']:<8} {r['graph_us']:10.1f} {r['sdpa_graph_us']:9.1f} "
+                     f"{r['ratio']:6.2f} {r['ratio_eager']:6.2f} {r['tflops']:8.1f} {r['error']:8.1e}  "
+                     f"{'' if r['ok'] else 'WRONG '}{r['schedule']}")
+    for dtype in ("float16", "bfloat16"):
+        sel = [r["ratio"] for r in rows if r["dtype"] == dtype]
+        if sel:
+            lines.append(f"geomean {dtype} (graph replay, {len(sel)} shapes): "
+                         f"{math.exp(sum(map(math.log, sel)) / len(sel)):.3f}x; min {min(sel):.2f}x")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-sanitize", action="store_true")
+    ap.add_argument("--sanitize-case", action="store_true")
+    ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which the sweep stops")
+    args = ap.parse_args()
+    if args.sanitize_case:
+        sanitize_case()
+    timer = Timer(torch)
+    dev = jitops.get_backend().device
+    print(f"{dev.name} ({dev.arch}, {dev.multiprocessors} SMs), torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    start = time.time()
+    rows, failed = [], []
+    for case in cases():
+        t0 = time.time()
+        try:
+            r = measure(timer, *case)
+        except Exception as exc:    # reported and counted, the other shapes still run
+            print(f"{case[0]} {case[3]}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            failed.append(f"{case[0]} {case[3]}: {exc}")
+            continue
+        rows.append(r)
+        print(f"{r['problem']:<34} {r['dtype']:<8} {r['graph_us']:9.1f} us  sdpa {r['sdpa_graph_us']:9.1f}  "
+              f"x{r['ratio']:.2f} (eager x{r['ratio_eager']:.2f})  err {r['error']:.1e} "
+              f"{'ok' if r['ok'] else 'WRONG'}  {r['schedule']}  [{time.time() - t0:.1f} s]", flush=True)
+    san = {} if args.no_sanitize else sanitize(args.out)
+    found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline)
+    if found:
+        print("\n" + best_table(rows, found), flush=True)
+    print("\n" + table(rows), flush=True)
+    if args.out:
+        with open(os.path.join(args.out, "attention.json"), "w") as f:
+            json.dump({"device": dev.name, "torch": torch.__version__, "rows": rows, "sweep": found,
+                       "sanitizer": san, "failed": failed}, f, indent=1)
+    for line in failed:
+        print("FAILED", line)
+    sys.exit(0 if all(r["ok"] for r in rows) and not failed else 1)
+
+
+if __name__ == "__main__":
+    main()
