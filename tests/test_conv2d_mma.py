@@ -164,3 +164,23 @@ def test_heuristic_uses_matrix_cores_for_half():
     assert pick((8, 256, 56, 56), (256, 256, 3, 3), "float32", padding=1).algorithm != "implicit_gemm_mma"
     why = pick((8, 256, 56, 56), (256, 256, 3, 3), "float16", padding=1).why
     assert "implicit_gemm_mma" in why and "estimated" in why
+
+
+def test_mma_plans():
+    """What each layout costs in launches: NHWC with 8k channels reads x in place; NCHW (or 3
+    channels) adds one copy; split-K adds the reduction; the weights are packed once (prepare)."""
+    dev = jitops.get_backend(target="sm_90").device
+
+    def kernels(x, w, layout="", split=1):
+        p = op.make_problem({"x": TensorSpec(x, "float16", layout), "w": TensorSpec(w, "float16"), "bias": None},
+                            {"padding": 1})
+        plan = op.plan(p, mma_schedule(128, 128, 32, 2, 2, 4, split_k=split), dev)
+        assert [l.kernel for l in plan.prepare] == ["conv2d_mma_pack_weights"]
+        assert any(ws.derived_from == ("w",) for ws in plan.workspaces)
+        return [l.kernel for l in plan.launches]
+
+    assert kernels((8, 64, 56, 56), (64, 64, 3, 3), "nhwc") == ["conv2d_implicit_gemm_mma"]
+    assert kernels((8, 64, 56, 56), (64, 64, 3, 3)) == ["conv2d_to_nhwc", "conv2d_implicit_gemm_mma"]
+    assert kernels((8, 3, 56, 56), (64, 3, 3, 3), "nhwc") == ["conv2d_to_nhwc", "conv2d_implicit_gemm_mma"]
+    assert kernels((2, 512, 7, 7), (64, 512, 3, 3), "nhwc", split=4) == ["conv2d_implicit_gemm_mma",
+                                                                         "conv2d_splitk_reduce"]
