@@ -44,18 +44,26 @@ def leaky_relu(x: Any, alpha: float = 0.01, *, layout: str | None = None, out: A
 
 def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
            dilation: IntOrPair = 1, groups: int = 1, activation: str | None = None, alpha: float = 0.01, *,
-           out: Any = None, schedule: ScheduleArg = None) -> Any:
-    """2-D convolution, NCHW input and OIHW weights, fp32 or fp16 (fp32 accumulation).
+           residual: Any = None, layout: str | None = None, out: Any = None, schedule: ScheduleArg = None) -> Any:
+    """2-D convolution, OIHW weights, fp32, fp16 or bf16 (fp32 accumulation).
 
+    x: NCHW, or NHWC (a channels_last torch tensor, or any array of shape (N, H, W, C) with
+    layout="nhwc"); y and residual keep x's memory format. fp16 / bf16 run on the matrix cores
+    (implicit GEMM) where the device has them.
     padding: an int, a pair (h, w) or four values (top, left, bottom, right) as in ONNX.
     activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.
+    residual: an array shaped like the output, added before the activation
+    (y = act(conv + bias + residual): ResNet's Add + Relu, fused on the matrix cores).
     """
-    if out is None and schedule is None and (y := repeat_call(
-            "conv2d", (x, w, bias), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+             "activation": activation, "alpha": alpha}
+    if layout is not None:
+        attrs["layout"] = layout
+    elif out is None and schedule is None and (y := repeat_call(
+            "conv2d", (x, w, bias, residual), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
         return y
-    return engine.run("conv2d", {"x": x, "w": w, "bias": bias},
-                      {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
-                       "activation": activation, "alpha": alpha}, out=_out("y", out), schedule=schedule)
+    return engine.run("conv2d", {"x": x, "w": w, "bias": bias, "residual": residual}, attrs,
+                      out=_out("y", out), schedule=schedule)
 
 
 def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = False, scale: float | None = None, *,

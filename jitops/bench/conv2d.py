@@ -2,7 +2,8 @@
 
 fp32: every problem, the scheduler's pick and (algorithms="all") every applicable algorithm
 forced, plus the naive kernel for the seed-style speedup table. fp16: every problem, the
-scheduler's pick (correctness; tensor-core kernels are a later issue). Each case is checked
+scheduler's pick (the matrix-core kernel on GPUs that have them; scripts/device_conv2d.py times
+fp16 / bf16 against cuDNN in both memory formats and on real-network layers). Each case is checked
 against a float64 reference (computed once per problem) before it is timed.
 
 The vendor side runs with torch.backends.cudnn.benchmark = True, so cuDNN times its own

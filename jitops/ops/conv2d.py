@@ -12,12 +12,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..device import DeviceInfo
+from . import conv2d_depthwise
+from . import conv2d_mma as mma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
 from .conv2d_plans import ALGORITHMS, plan as _plan
 from .conv2d_problem import NAME, Conv2dProblem, make_problem, parse_problem
 
-INPUTS = ("x", "w", "bias")
+INPUTS = ("x", "w", "bias", "residual")
+LAYOUT_INPUTS = ("x", "residual")          # channels_last / layout="nhwc"; y keeps x's format
 __all__ = ["NAME", "INPUTS", "ALGORITHMS", "Conv2dProblem", "make_problem", "parse_problem", "heuristic",
            "candidates", "plan", "variants", "reference", "random_inputs", "tolerance", "applicable"]
 
@@ -37,9 +40,18 @@ def plan(problem: Conv2dProblem, schedule: Schedule, device: DeviceInfo) -> Plan
 
 
 def _problem(x: tuple[int, ...], w: tuple[int, ...], dtype: str = "float32", bias: bool = False,
-             **attrs: Any) -> Conv2dProblem:
+             residual: bool = False, **attrs: Any) -> Conv2dProblem:
     b = TensorSpec((w[0],), dtype) if bias else None
-    return make_problem({"x": TensorSpec(x, dtype), "w": TensorSpec(w, dtype), "bias": b}, attrs)
+    p = make_problem({"x": TensorSpec(x, dtype), "w": TensorSpec(w, dtype), "bias": b}, attrs)
+    r = p.outputs()["y"] if residual else None
+    return make_problem({"x": TensorSpec(x, dtype), "w": TensorSpec(w, dtype), "bias": b, "residual": r}, attrs)
+
+
+def _mma_variant(p: Conv2dProblem, device: DeviceInfo) -> Schedule:
+    """The matrix-core kernel with the largest tile that fits the device (the SIMT residual pass
+    where the device has no matrix cores: the emulator)."""
+    found = mma.candidates(p, device)
+    return found[0] if found else schedules.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))
 
 
 def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
@@ -55,6 +67,8 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
         odd = _problem((1, 5, 7, 9), (3, 5, 3, 3), dtype, bias=True, padding=1)
         point = _problem((1, 64, 16, 16), (96, 64, 1, 1), dtype, bias=True)
         odd_point = _problem((2, 12, 5, 5), (20, 12, 1, 1), dtype)
+        residual = _problem((2, 12, 9, 7), (24, 12, 3, 3), dtype, bias=True, padding=1, stride=2,
+                            activation="relu", residual=True)
         depthwise = _problem((1, 16, 20, 20), (16, 1, 3, 3), dtype, bias=True, padding=2, groups=16, dilation=2,
                              activation="relu")
         out += [
@@ -67,6 +81,11 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             (depthwise, S.direct_schedule(8, 16, 1, 1, 1)),                           # direct, fused epilogue
         ]
         if half:
+            out.append((residual, _mma_variant(residual, device)))            # matrix cores: one per target
+            dw = make_problem({"x": TensorSpec((1, 24, 9, 7), dtype, "nhwc"), "w": TensorSpec((24, 1, 3, 3), dtype),
+                               "bias": TensorSpec((24,), dtype), "residual": TensorSpec((1, 24, 5, 4), dtype, "nhwc")},
+                              {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
+            out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
             continue
         out += [
             (general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))),          # channel tail check
@@ -97,6 +116,8 @@ def reference(problem: Conv2dProblem, inputs: Mapping[str, np.ndarray]) -> dict[
                 y[:, g * p.cout_g:(g + 1) * p.cout_g] += np.einsum("nchw,oc->nohw", patch, wg[:, :, r, s])
     if p.has_bias:
         y += np.asarray(inputs["bias"], dtype=np.float64)[None, :, None, None]
+    if p.has_residual:
+        y += np.asarray(inputs["residual"], dtype=np.float64)
     if p.activation == "relu":
         y = np.maximum(y, 0.0)
     elif p.activation == "leaky_relu":
@@ -112,6 +133,8 @@ def random_inputs(problem: Conv2dProblem, rng: np.random.Generator) -> dict[str,
            "w": (rng.standard_normal((p.cout, p.cin_g, p.kh, p.kw)) / np.sqrt(fan_in)).astype(p.dtype)}
     if p.has_bias:
         out["bias"] = rng.standard_normal(p.cout).astype(p.dtype)
+    if p.has_residual:
+        out["residual"] = rng.standard_normal((p.n, p.cout, p.oh, p.ow)).astype(p.dtype)
     return out
 
 
@@ -126,7 +149,8 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
     8 (A^T) and 5 (B^T) amplify rounding about 10-15x (measured 3.7e-5 at Cin = 1920):
     60 sqrt(Cin) 2^-24, at least 2e-4 (docs/conv2d.md). fp16: inputs are exact fp16 values,
     accumulation is fp32, the output is rounded once to fp16 (2^-11 of a value): 2e-3, plus the
-    fp32 allowance above.
+    fp32 allowance above. bf16: the same with 8 significant bits (2^-9): 1e-2. The matrix-core
+    kernel multiplies exact 16-bit values into fp32 accumulators: the same allowances.
     """
     eps = 2.0 ** -24
     alg = schedule.algorithm
@@ -138,6 +162,8 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
         tol = max(1e-5, 4 * problem.gemm_k ** 0.5 * eps)
     if problem.dtype == "float16":
         tol += 2e-3
+    elif problem.dtype == "bfloat16":
+        tol += 1e-2    # output rounded to bf16 (2^-9 of a value), twice when a residual pass follows
     return (tol, 0.0)
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
+from . import conv2d_depthwise as depthwise
+from . import conv2d_mma as mma
 from .base import Schedule, ceil_div
 from .conv2d_plans import WINOGRAD_M, direct_shared_bytes, round_up, winograd_sizes
 from .conv2d_problem import Conv2dProblem
@@ -149,6 +151,19 @@ def direct_time(prm: CostParams, p: Conv2dProblem, s: Schedule, device: DeviceIn
 
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams = PARAMS) -> float:
     """Estimated seconds for one call (graph replay)."""
+    t = _estimate(p, s, device, prm)
+    if s.algorithm in (mma.ALGORITHM, depthwise.ALGORITHM):
+        return t
+    bw = machine(device).bandwidth * prm.elem_eff
+    y_bytes = p.n * p.cout * p.oh * p.ow * p.itemsize
+    if p.layout == "nhwc":      # NCHW kernels: x transposed in, y transposed out (with the residual)
+        t += 2 * prm.launch_s + (2 * p.n * p.cin * p.h * p.w * p.itemsize + (3 if p.has_residual else 2) * y_bytes) / bw
+    elif p.has_residual:        # the separate residual pass: y and r read, y written
+        t += prm.launch_s + 3 * y_bytes / bw
+    return t
+
+
+def _estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams) -> float:
     mach = machine(device)
     bw = mach.bandwidth
     isz = p.itemsize
@@ -188,6 +203,10 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams 
                      (v_bytes * ceil_div(p.cout, tile[0]) + m_bytes) / (bw * prm.gemm_mem_eff))
         t_out = (m_bytes + y_bytes) / (bw * prm.elem_eff)
         return t_in + t_gemm + t_out + 3 * prm.launch_s
+    if alg == mma.ALGORITHM:
+        return mma.estimate(p, s, device, bw, prm.launch_s)
+    if alg == depthwise.ALGORITHM:
+        return depthwise.estimate(p, device, bw, prm.launch_s, mach.flops_per_sm)
     raise ScheduleError(f"conv2d has no algorithm '{alg}'")
 
 

@@ -12,17 +12,21 @@ Algorithms (schedule.algorithm):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
+from . import conv2d_depthwise as depthwise
+from . import conv2d_mma as mma
 from . import conv2d_winograd as wino
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
 from .conv2d_problem import Conv2dProblem
 
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
 WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
-ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4")
+ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
+              mma.ALGORITHM, depthwise.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
 
 
@@ -83,11 +87,19 @@ def plan_naive(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 
 # ---------------------------------------------------------------- split-K reduction
 
-def _splitk_launch(p: Conv2dProblem, splits: int, np_: int, idx: str) -> Launch:
+def _splitk_launch(p: Conv2dProblem, splits: int, np_: int, idx: str, residual: bool = False,
+                   out_nhwc: bool = False) -> Launch:
+    """Adds the splits' fp32 partials; residual / NHWC output only for the matrix-core kernel (the
+    SIMT plans add a residual in a pass of their own)."""
     params = {**_common(p), "index_type": idx, "block": ELEMENTWISE_BLOCK}
-    args = (Buf("partial"), *_bias_args(p), Buf("y"),
+    if residual:
+        params["has_residual"] = True
+    if out_nhwc:
+        params["out_nhwc"] = True
+    args = (Buf("partial"), *_bias_args(p), *((Buf("residual"),) if residual else ()), Buf("y"),
             *(Scalar("i32", v) for v in (p.pixels, np_, p.cout, p.oh * p.ow, splits)), Scalar("f32", p.alpha))
-    grid = (ceil_div(p.pixels, ELEMENTWISE_BLOCK), p.cout)
+    grid = (ceil_div(p.pixels * p.cout, ELEMENTWISE_BLOCK),) if out_nhwc else (ceil_div(p.pixels, ELEMENTWISE_BLOCK),
+                                                                               p.cout)
     _check_grid(grid, "split-K reduction")
     return Launch.make("conv2d/splitk.hip.j2", "conv2d_splitk_reduce", params, grid, (ELEMENTWISE_BLOCK,), args)
 
@@ -275,9 +287,18 @@ def plan_winograd(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     return Plan(launches=(inp, gemm, out), workspaces=workspaces, prepare=(filt,))
 
 
-def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
-    if p.n == 0:
-        return Plan(launches=())
+def _residual_launch(p: Conv2dProblem) -> Launch:
+    total = p.n * p.cout * p.oh * p.ow
+    idx = _index(total)
+    params = {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": ELEMENTWISE_BLOCK, "activation": p.activation}
+    grid = (ceil_div(total, ELEMENTWISE_BLOCK),)
+    _check_grid(grid, "residual")
+    return Launch.make("conv2d/residual.hip.j2", "conv2d_residual", params, grid, (ELEMENTWISE_BLOCK,),
+                       (Buf("residual"), Buf("y"), Scalar("i32" if idx == "int" else "i64", total),
+                        Scalar("f32", p.alpha)))
+
+
+def _plan_simt(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if s.algorithm == "naive":
         return plan_naive(p, s, device)
     if s.algorithm == "direct":
@@ -287,3 +308,57 @@ def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if s.algorithm in WINOGRAD_M:
         return plan_winograd(p, s, device)
     raise ScheduleError(f"conv2d has no algorithm '{s.algorithm}' (choose from {', '.join(ALGORITHMS)})")
+
+
+def _renamed(launch: Launch, names: dict[str, str]) -> Launch:
+    args = tuple(Buf(names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
+    return replace(launch, args=args)
+
+
+def _layout_launch(p: Conv2dProblem, stage: str, kernel: str, bufs: tuple[Buf, ...], total: int,
+                   ints: tuple[int, ...], tail: tuple[Scalar, ...] = (), **params: Any) -> Launch:
+    """One thread per element of a layout change (templates/conv2d/layout.hip.j2)."""
+    idx = _index(total)
+    grid = (ceil_div(total, ELEMENTWISE_BLOCK),)
+    _check_grid(grid, kernel)
+    args = (*bufs, Scalar("i32" if idx == "int" else "i64", total), *(Scalar("i32", v) for v in ints), *tail)
+    return Launch.make("conv2d/layout.hip.j2", kernel, {"ctype": C_TYPE[p.dtype], "index_type": idx,
+                                                       "block": ELEMENTWISE_BLOCK, "stage": stage, **params},
+                       grid, (ELEMENTWISE_BLOCK,), args)
+
+
+def _plan_via_nchw(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    """An NHWC problem on a kernel that reads NCHW: x transposed to NCHW, the NCHW plan (without
+    residual and activation when there is a residual), then y = act(t + residual) back to NHWC."""
+    res = p.has_residual
+    inner_p = replace(p, layout="", has_residual=False, activation="none" if res else p.activation,
+                      alpha=0.0 if res else p.alpha)
+    inner = _plan_simt(inner_p, s, device)
+    names = {"x": "x_nchw", "y": "y_nchw"}
+    x_elems, y_elems = p.n * p.cin * p.h * p.w, p.n * p.cout * p.oh * p.ow
+    to_nchw = _layout_launch(p, "to_nchw", "conv2d_to_nchw", (Buf("x"), Buf("x_nchw")), x_elems, (p.cin, p.h * p.w))
+    back = _layout_launch(p, "from_nchw", "conv2d_from_nchw",
+                          (Buf("y_nchw"), *((Buf("residual"),) if res else ()), Buf("y")), y_elems,
+                          (p.cout, p.oh * p.ow), (Scalar("f32", p.alpha),), has_residual=res,
+                          activation=p.activation if res else "none")
+    launches = (to_nchw, *(_renamed(l, names) for l in inner.launches), back)
+    workspaces = inner.workspaces + (Workspace("x_nchw", x_elems * p.itemsize),
+                                     Workspace("y_nchw", y_elems * p.itemsize))
+    return Plan(launches=launches, workspaces=workspaces, prepare=tuple(_renamed(l, names) for l in inner.prepare))
+
+
+def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    if p.n == 0:
+        return Plan(launches=())
+    if s.algorithm == mma.ALGORITHM:
+        return mma.plan_mma(p, s, device)
+    if s.algorithm == depthwise.ALGORITHM:
+        return depthwise.plan_depthwise(p, s, device)
+    if p.layout == "nhwc":
+        return _plan_via_nchw(p, s, device)
+    if not p.has_residual:
+        return _plan_simt(p, s, device)
+    # The SIMT kernels write conv + bias; a second kernel adds the residual and activates.
+    inner = _plan_simt(replace(p, has_residual=False, activation="none", alpha=0.0), s, device)
+    return Plan(launches=inner.launches + (_residual_launch(p),), workspaces=inner.workspaces,
+                prepare=inner.prepare)

@@ -11,11 +11,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, require_dtype, require_rank, \
+from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, require_dtype, require_rank, \
     require_same_dtype
 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
+DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Conv2dProblem:
     has_bias: bool
     activation: str                         # "none" | "relu" | "leaky_relu"
     alpha: float
+    has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
+    layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
 
     # ---- derived sizes
     @property
@@ -85,14 +88,16 @@ class Conv2dProblem:
         return ITEMSIZE[self.dtype]
 
     def inputs(self) -> dict[str, TensorSpec]:
-        out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype),
+        out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype, self.layout),
                "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype)}
         if self.has_bias:
             out["bias"] = TensorSpec((self.cout,), self.dtype)
+        if self.has_residual:
+            out["residual"] = self.outputs()["y"]
         return out
 
     def outputs(self) -> dict[str, TensorSpec]:
-        return {"y": TensorSpec((self.n, self.cout, self.oh, self.ow), self.dtype)}
+        return {"y": TensorSpec((self.n, self.cout, self.oh, self.ow), self.dtype, self.layout)}
 
     def key(self) -> str:
         attrs = {"stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
@@ -109,6 +114,10 @@ class Conv2dProblem:
             s += f" dilation {self.dilation[0]},{self.dilation[1]}"
         if self.groups != 1:
             s += f" groups {self.groups}"
+        if self.has_residual:
+            s += " + residual"
+        if self.layout:
+            s += f" {self.layout}"
         return s + f" {self.dtype}"
 
 
@@ -152,12 +161,12 @@ def _padding(value: Any) -> tuple[int, int, int, int]:
 
 
 def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> Conv2dProblem:
-    x, w, bias = inputs.get("x"), inputs.get("w"), inputs.get("bias")
+    x, w, bias, residual = inputs.get("x"), inputs.get("w"), inputs.get("bias"), inputs.get("residual")
     if x is None:
         raise ArgumentError("x", "an NCHW tensor", None, op=NAME)
     if w is None:
         raise ArgumentError("w", "an OIHW weight tensor", None, op=NAME)
-    require_dtype(NAME, "x", x)
+    require_dtype(NAME, "x", x, DTYPES)
     require_rank(NAME, "x", x, 4)
     require_same_dtype(NAME, "w", w, x, "x")
     require_rank(NAME, "w", w, 4)
@@ -206,28 +215,41 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,
-                      float(alpha) if activation == "leaky_relu" else 0.0)
+                      float(alpha) if activation == "leaky_relu" else 0.0, residual is not None,
+                      getattr(x, "layout", ""))
     if p.oh < 1 or p.ow < 1:
         raise ArgumentError("x", f"a padded input of at least the dilated kernel size "
                                  f"({extent[0] + 1}x{extent[1] + 1}); output would be {p.oh}x{p.ow}",
                             f"input {h}x{wd} with padding {pad}", op=NAME)
+    if residual is not None:
+        require_same_dtype(NAME, "residual", residual, x, "x")
+        if tuple(residual.shape) != (p.n, p.cout, p.oh, p.ow):
+            raise ArgumentError("residual", f"the output's shape ({p.n}, {p.cout}, {p.oh}, {p.ow})",
+                                f"shape {tuple(residual.shape)}", op=NAME)
+        if getattr(residual, "layout", "") != p.layout:
+            raise ArgumentError("residual", f"the memory format of x ({p.layout or 'NCHW'})",
+                                getattr(residual, "layout", "") or "NCHW", op=NAME)
     return p
 
 
 def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
     """`jitops compile conv2d x=1x64x56x56 w=128x64x3x3 padding=1 [bias=1] [dtype=float16] ...`"""
-    known = {"x", "w", "bias", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
+    known = {"x", "w", "bias", "residual", "layout", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
     extra = set(spec) - known
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(known))}", op=NAME)
     if "x" not in spec or "w" not in spec:
         raise ArgumentError("x" if "x" not in spec else "w", "a shape, e.g. x=1x64x56x56 w=128x64x3x3", op=NAME)
     dtype = spec.get("dtype", "float32")
-    x = TensorSpec(parse_shape(spec["x"]), dtype)
+    layout = spec.get("layout", "")
+    if layout not in ("", "nchw", "nhwc"):
+        raise ArgumentError("layout", "nchw or nhwc (x given as N x C x H x W either way)", layout, op=NAME)
+    x = TensorSpec(parse_shape(spec["x"]), dtype, "nhwc" if layout == "nhwc" else "")
     w = TensorSpec(parse_shape(spec["w"]), dtype)
     bias_flag = str(spec.get("bias", "0")).lower() in ("1", "true", "yes")
     bias = TensorSpec((w.shape[0],), dtype) if bias_flag and len(w.shape) == 4 else None
     attrs: dict[str, Any] = {}
+    residual_flag = str(spec.get("residual", "0")).lower() in ("1", "true", "yes")
     for key in ("stride", "padding", "dilation", "groups"):
         if key in spec:
             attrs[key] = parse_value(spec[key])
@@ -235,4 +257,7 @@ def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
         attrs["activation"] = None if spec["activation"] in ("none", "None") else spec["activation"]
     if "alpha" in spec:
         attrs["alpha"] = float(spec["alpha"])
-    return make_problem({"x": x, "w": w, "bias": bias}, attrs)
+    p = make_problem({"x": x, "w": w, "bias": bias}, attrs)
+    if residual_flag:
+        p = make_problem({"x": x, "w": w, "bias": bias, "residual": p.outputs()["y"]}, attrs)
+    return p

@@ -12,6 +12,8 @@ import math
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import Schedule, ceil_div
+from . import conv2d_depthwise as depthwise
+from . import conv2d_mma as mma
 from .conv2d_cost import PARAMS, estimate
 from .conv2d_plans import ALGORITHMS, WINOGRAD_M
 from .conv2d_problem import Conv2dProblem
@@ -41,6 +43,10 @@ def _pow2_at_most(v: int, cap: int) -> int:
 
 
 def applicable(p: Conv2dProblem, algorithm: str) -> bool:
+    if algorithm == mma.ALGORITHM:
+        return mma.why_not(p) is None
+    if algorithm == depthwise.ALGORITHM:
+        return depthwise.why_not(p) is None
     if algorithm == "gemm_1x1":
         return p.is_pointwise
     if algorithm in WINOGRAD_M:
@@ -84,7 +90,12 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         for alg in WINOGRAD_M:
             for tile in TILES:
                 out.append(winograd_schedule(alg, tile))
-    return [s for s in out if _plannable(p, s, device)]
+    out = [s for s in out if _plannable(p, s, device)]
+    if mma.why_not(p) is None:
+        out += mma.candidates(p, device)
+    if depthwise.why_not(p) is None:
+        out.append(depthwise.schedule())
+    return out
 
 
 def _plannable(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> bool:
@@ -106,7 +117,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ScheduleError(f"conv2d has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
     if algorithm is not None and not applicable(p, algorithm):
-        raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}")
+        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not}.get(algorithm, lambda _: None)(p)
+        raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
+                            + (f": {reason}" if reason else ""))
     if algorithm == "naive":
         return Schedule.make("naive", why="one thread per output (the seeds' baseline)", block=256)
     if algorithm == "implicit_gemm" and p.is_pointwise:

@@ -1,0 +1,248 @@
+"""conv2d on the matrix cores: implicit GEMM with NHWC activations (templates/conv2d/mma.hip.j2).
+
+GEMM M = output pixels (N * OH * OW), N = output channels of a group, K = taps x channels with
+channels innermost. The weights are packed once per weight tensor to [Cout][KH][KW][Cgp] (a
+prepare launch into a derived workspace); an NCHW input is copied to NHWC per call (channels
+rounded up to 8 with zeros, so every load is a 16-byte chunk inside one tap); the epilogue writes
+y in the input's memory format, with bias, residual and activation fused.
+
+Tiles (BM x BN x BK, WM x WN warps, pipeline stages) come from `TILES`; `estimate` is the cost
+model the heuristic compares against the SIMT kernels (conv2d_cost). The main loop is one
+function of the template, so a wgmma loop can take its place under the same plan and epilogue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
+from .conv2d_problem import Conv2dProblem
+
+ALGORITHM = "implicit_gemm_mma"
+DTYPES = ("float16", "bfloat16")
+LAYOUT_BLOCK = 256
+# (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
+TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3),
+         (128, 64, 32, 2, 2, 4), (128, 64, 64, 2, 2, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3),
+         (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3), (128, 32, 32, 4, 1, 4), (64, 32, 32, 2, 1, 4))
+
+
+@dataclass(frozen=True)
+class MmaCost:
+    """Constants of `estimate`, fitted by scripts/conv2d_mma_fit.py to an H100 sweep of every
+    candidate (docs/conv2d.md says how well the fit ranks them)."""
+
+    # Fraction of the multiprocessor's dense fp16 rate each tile sustains (mma.sync); fitted to
+    # 2739 timed candidates on 108 problems, H100, 2026-11-23 (rms error 0.127 in log time).
+    tile_rate: dict = field(default_factory=lambda: {
+        (128, 128, 32, 2, 2): 0.322, (128, 128, 64, 2, 2): 0.268, (128, 256, 32, 2, 4): 0.445,
+        (256, 128, 32, 4, 2): 0.421, (128, 64, 32, 2, 2): 0.247, (128, 64, 64, 2, 2): 0.239,
+        (64, 128, 32, 2, 2): 0.240, (64, 128, 64, 2, 2): 0.236, (64, 64, 32, 2, 2): 0.167,
+        (64, 64, 64, 2, 2): 0.189, (128, 32, 32, 4, 1): 0.155, (64, 32, 32, 2, 1): 0.105})
+    overhead_k: float = 110.7      # prologue + epilogue of a block, in K elements of its tile
+    occ_floor: float = 0.785       # rate with one block per multiprocessor, of the rate with two or more
+    split_s: float = 1.36e-6       # the split-K reduction launch
+    split_eff: float = 0.688       # its bytes, of the copy bandwidth
+
+
+# Registers per thread by warp tile (ptxas, sm_90), for residency.
+WARP_TILE_REGS = {(64, 64): 250, (64, 32): 160, (32, 64): 165, (32, 32): 110}
+
+
+def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split_k: int = 1,
+                 why: str = "") -> Schedule:
+    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, split_k=split_k,
+                         math="mma")
+
+
+def splits_of(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
+    """(splits, K tiles per split) as planned: no split leaves a block without K tiles."""
+    kt = k_padded(p, int(s["bk"])) // int(s["bk"])
+    per = ceil_div(kt, max(1, int(s.get("split_k", 1))))
+    return ceil_div(kt, per), per
+
+
+def tile_of(s: Schedule) -> tuple[int, int, int, int, int, int]:
+    return tuple(int(s[k]) for k in ("bm", "bn", "bk", "wm", "wn", "stages"))  # type: ignore[return-value]
+
+
+def why_not(p: Conv2dProblem) -> str | None:
+    """Why the matrix-core kernel cannot run this problem (device aside), or None."""
+    if p.dtype not in DTYPES:
+        return f"matrix-core conv2d takes {', '.join(DTYPES)} (got {p.dtype})"
+    if p.groups > 1 and p.cin_g % 8:
+        return f"grouped matrix-core conv2d needs a multiple of 8 input channels per group (got {p.cin_g})"
+    return None
+
+
+def channels(p: Conv2dProblem) -> tuple[int, int]:
+    """(Cs, Cgp): channels per NHWC pixel and per group and tap in K (each a multiple of 8)."""
+    if p.groups == 1:
+        cgp = ceil_div(p.cin, 8) * 8
+        return cgp, cgp
+    return p.cin, p.cin_g
+
+
+def needs_nhwc_copy(p: Conv2dProblem) -> bool:
+    """An NCHW input, or NHWC whose channels are not a multiple of 8, is copied to padded NHWC."""
+    return p.layout != "nhwc" or channels(p)[0] != p.cin
+
+
+def shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Pipeline buffers (halves, rows padded by 8) or the fp32 epilogue tile, whichever is larger."""
+    return max(stages * (bm + bn) * (bk + 8) * 2, bm * (bn + 8) * 4)
+
+
+def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
+    """Threads per block; ScheduleError when the tile cannot run here."""
+    reason = why_not(p)
+    if reason:
+        raise ScheduleError(reason)
+    if not device.matrix_cores:
+        raise ScheduleError(f"{device.name} has no matrix cores usable from jitops templates")
+    bm, bn, bk, wm, wn, stages = tile
+    threads = wm * wn * device.warp_size
+    kc = bk // 8
+    if bk not in (32, 64) or stages < 2 or bm % (16 * wm) or bn % (16 * wn):
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk} with {wm}x{wn} warps, {stages} stages is not supported")
+    step = threads // kc
+    if threads % kc or bm % step or bn % step:
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
+    if shared_bytes(bm, bn, bk, stages) > device.shared_per_block_optin:
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}x{stages}: {shared_bytes(bm, bn, bk, stages)} bytes of shared "
+                            f"memory exceed {device.shared_per_block_optin} on {device.name}")
+    return threads
+
+
+def k_padded(p: Conv2dProblem, bk: int) -> int:
+    return ceil_div(p.kh * p.kw * channels(p)[1], bk) * bk
+
+
+def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    from .conv2d_plans import _splitk_launch
+    tile = tile_of(s)
+    bm, bn, bk, wm, wn, stages = tile
+    threads = _check(p, tile, device)
+    cs, cgp = channels(p)
+    kp = k_padded(p, bk)
+    splits, kt_per_split = splits_of(p, s)
+    m = p.pixels
+    grid = (ceil_div(m, bm), ceil_div(p.cout_g, bn), p.groups * splits)
+    if m > INT32_MAX - bm or grid[1] > 65535 or grid[2] > 65535:
+        raise ScheduleError(f"mma grid {grid} exceeds the launch limits")
+    ctype = C_TYPE[p.dtype]
+    x_elems = p.n * p.h * p.w * cs
+    y_elems = p.n * p.cout * p.oh * p.ow
+    packed = p.cout * kp
+    np_ = ceil_div(m, 8) * 8
+    partial = splits * p.cout * np_ if splits > 1 else 0
+    idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64, partial + 64)
+    out_nhwc = p.layout == "nhwc"
+    vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
+    copy = needs_nhwc_copy(p)
+    fused = splits == 1
+    params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
+              "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
+              "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
+              "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype,
+              "pointwise": p.is_pointwise}
+    outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
+    args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
+            *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
+            *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, p.h, p.w, p.oh, p.ow, p.kh, p.kw,
+                                         p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
+                                         p.dilation[1])),
+            Scalar("f32", p.alpha))
+    gemm = Launch.make("conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, (threads,), args,
+                       shared_bytes(bm, bn, bk, stages))
+    scalar = "i32" if idx == "int" else "i64"
+    layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
+    pack = Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
+                       (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                       (Buf("w"), Buf("packed_w"), Scalar(scalar, packed),
+                        *(Scalar("i32", v) for v in (kp, cgp, p.cin_g, p.kh, p.kw))))
+    launches = [gemm]
+    workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
+    if copy:
+        src_nhwc = p.layout == "nhwc"
+        total = p.n * p.h * p.w * (cs // 8)
+        grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc else (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
+        if max(grid_c[1:], default=0) > 65535:
+            raise ScheduleError(f"NHWC copy grid {grid_c} exceeds the launch limits")
+        to_nhwc = Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
+                              {**layout, "block": LAYOUT_BLOCK, "stage": "nhwc", "src_nhwc": src_nhwc},
+                              grid_c, (LAYOUT_BLOCK,),
+                              (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
+                               *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
+        launches.insert(0, to_nhwc)
+        workspaces.append(Workspace("x_nhwc", x_elems * p.itemsize))
+    if not fused:
+        workspaces.append(Workspace("partial", partial * 4))
+        launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=out_nhwc))
+    return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def _split_options(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> list[int]:
+    """Split-K counts worth trying: only when the unsplit grid leaves most multiprocessors idle
+    and every split keeps at least 4 K tiles."""
+    bm, bn, bk = tile[:3]
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
+    kt = k_padded(p, bk) // bk
+    if blocks >= device.multiprocessors:
+        return [1]
+    return [1] + [s for s in (2, 3, 4, 6, 8, 12, 16) if kt // s >= 4 and blocks * s <= 4 * device.multiprocessors]
+
+
+def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    out = []
+    for tile in TILES:
+        try:
+            _check(p, tile, device)
+        except ScheduleError:
+            continue
+        out += [mma_schedule(*tile, split_k=s) for s in _split_options(p, tile, device)]
+    return out
+
+
+def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
+             prm: MmaCost | None = None) -> float:
+    """Seconds for one call: the busiest multiprocessor's blocks at the tile's share of the dense
+    fp16 rate (lowered with one block per multiprocessor), or the bytes that must cross DRAM,
+    whichever is larger; plus the NHWC copy and the split-K reduction."""
+    prm = prm or COST
+    bm, bn, bk, wm, wn, stages = tile_of(s)
+    if device.arch.startswith("sm_9"):
+        peak_sm = 4096 * 1.83e9                   # dense fp16 flop/clock/SM x clock (H100 SXM)
+    elif device.backend == "hip":
+        peak_sm = 2048 * 1.7e9
+    else:
+        peak_sm = 2048 * 1.41e9
+    rate = peak_sm * prm.tile_rate.get((bm, bn, bk, wm, wn), 0.2)
+    smem = shared_bytes(bm, bn, bk, stages)
+    threads = wm * wn * device.warp_size
+    regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
+    resident = max(1, min(device.shared_per_multiprocessor // smem, 2048 // threads,
+                          device.registers_per_multiprocessor // (threads * regs)))
+    splits, per = splits_of(p, s)
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
+    per_sm = ceil_div(blocks, device.multiprocessors)
+    occupancy = 1.0 if min(per_sm, resident) > 1 else prm.occ_floor
+    compute = per_sm * 2.0 * bm * bn * (per * bk + prm.overhead_k) / (rate * occupancy)
+    isz = p.itemsize
+    cs, _ = channels(p)
+    x_bytes = p.n * p.h * p.w * cs * isz
+    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    w_bytes = p.cout * k_padded(p, bk) * isz
+    memory = (x_bytes + y_bytes + w_bytes) / bandwidth
+    t = launch_s + max(compute, memory)
+    if needs_nhwc_copy(p):
+        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    if splits > 1:
+        t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (prm.split_eff * bandwidth)
+    return t
+
+
+COST = MmaCost()

@@ -1,0 +1,186 @@
+"""conv2d on the matrix cores, NHWC, bf16 and the residual input, on the emulator (warp 32: NVIDIA's
+mma.sync fragment layouts, warp 64: MFMA's; checked mode) against a float64 reference.
+
+Outputs are NaN-poisoned; errors are max |y - ref| / max |ref|. Tolerances and why:
+- fp16: inputs exact in fp16, products exact in fp32, fp32 accumulation, one rounding of the
+  output to fp16 (2^-11 of a value): 2e-3 (measured here 2e-4 .. 4e-4).
+- bf16: the same with 8 significant bits (2^-9): 1e-2 (measured 2e-3 .. 3e-3).
+- fp32 (depthwise NHWC, the NCHW kernels behind transposes): K-term fp32 sums: 1e-5.
+- SIMT kernels with a residual round y once before the residual pass: still inside those bounds.
+The shapes are tiny: the emulator runs the matrix fragments in software.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jitops
+from jitops.errors import ArgumentError, ScheduleError
+from jitops.ops import get_op
+from jitops.ops.base import TensorSpec
+from jitops.ops.conv2d_mma import mma_schedule
+from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule
+from jitops.runtime import use_backend
+from jitops.runtime.cpu_backend import CpuBackend
+
+from conftest import rel_error
+
+op = get_op("conv2d")
+TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5}
+NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+SMALL = mma_schedule(32, 32, 32, 1, 1, 2)            # one warp per block: fastest on the emulator
+
+
+@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
+def mma_emu(request):
+    """The emulator with matrix-core fragments done in software (the public emulator has none)."""
+    backend = CpuBackend(warp_size=request.param, checked=True)
+    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+    with use_backend(backend):
+        yield backend
+
+
+def nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+def run(rng, x_shape, w_shape, attrs, dtype, schedule, *, bias=True, residual=False, layout=None):
+    """One call into a NaN-poisoned output; returns the error against float64."""
+    spec = {"x": TensorSpec(x_shape, "float32"), "w": TensorSpec(w_shape, "float32"),
+            "bias": TensorSpec((w_shape[0],), "float32") if bias else None}
+    p = op.make_problem(spec, attrs)
+    if residual:
+        spec["residual"] = p.outputs()["y"]
+        p = op.make_problem(spec, attrs)
+    data = {k: v.astype(NP[dtype]) for k, v in op.random_inputs(p, rng).items()}
+    ref = op.reference(p, {k: v.astype(np.float64) for k, v in data.items()})["y"]
+    x, r = data["x"], data.get("residual")
+    if layout == "nhwc":
+        x, r = nhwc(x), (nhwc(r) if r is not None else None)
+    out = np.full(nhwc(ref).shape if layout == "nhwc" else ref.shape, np.nan, NP[dtype])
+    y = jitops.conv2d(x, data["w"], data.get("bias"), residual=r, layout=layout, out=out, schedule=schedule, **attrs)
+    assert y is out
+    got = y.astype(np.float64)
+    if layout == "nhwc":
+        got = got.transpose(0, 3, 1, 2)
+    assert not np.isnan(got).any(), "output elements left unwritten"
+    return rel_error(got, ref)
+
+
+# (x, w, attrs): C not a multiple of 8, odd H/W, stride 2, dilation, groups, asymmetric padding.
+CASES = {
+    "c5_s2_relu": ((2, 5, 7, 9), (12, 5, 3, 3), {"padding": 1, "stride": 2, "activation": "relu"}),
+    "1x1_leaky": ((1, 16, 5, 7), (20, 16, 1, 1), {"activation": "leaky_relu", "alpha": 0.2}),
+    "dil_groups": ((1, 16, 9, 8), (16, 8, 3, 3), {"padding": (1, 0, 2, 1), "stride": 2, "dilation": (1, 2),
+                                                  "groups": 2}),
+    "5x5_c3": ((1, 3, 8, 7), (8, 3, 5, 5), {"padding": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mma_numerics(mma_emu, rng, case, dtype):
+    x, w, attrs = CASES[case]
+    layout = "nhwc" if case in ("c5_s2_relu", "dil_groups") else None
+    err = run(rng, x, w, attrs, dtype, SMALL, residual=case != "5x5_c3", layout=layout)
+    assert err <= TOL[dtype], f"{case} {dtype}: {err:.3e}"
+
+
+@pytest.mark.parametrize("layout", [None, "nhwc"])
+def test_mma_split_k_with_residual(mma_emu, rng, layout):
+    """K split over blocks (uneven last split); the reduction adds bias, residual and activation."""
+    for cout in (10, 16):       # 16: 8-channel vector partials and stores
+        err = run(rng, (1, 24, 5, 5), (cout, 24, 3, 3), {"padding": 1, "activation": "relu"}, "float16",
+                  mma_schedule(32, 32, 32, 1, 1, 3, split_k=3), residual=True, layout=layout)
+        assert err <= TOL["float16"]
+
+
+def test_mma_multi_warp_tile(mma_emu, rng):
+    """2 x 2 warps, BK 64: several k16 steps per stage and the fragment double buffer across tiles."""
+    err = run(rng, (1, 40, 6, 6), (24, 40, 3, 3), {"padding": 1}, "float16", mma_schedule(64, 64, 64, 2, 2, 3),
+              layout="nhwc")
+    assert err <= TOL["float16"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_depthwise_nhwc(emu, rng, dtype):
+    err = run(rng, (2, 16, 7, 6), (16, 1, 3, 3), {"padding": 1, "stride": 2, "groups": 16, "activation": "relu"},
+              dtype, "depthwise_nhwc", residual=True, layout="nhwc")
+    assert err <= TOL[dtype]
+    err = run(rng, (1, 6, 9, 9), (6, 1, 5, 5), {"padding": (2, 1, 2, 3), "dilation": (1, 2), "groups": 6},
+              dtype, "depthwise_nhwc", bias=False, layout="nhwc")   # 6 channels: 2-wide vectors
+    assert err <= TOL[dtype]
+
+
+@pytest.mark.parametrize("schedule", [gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4)),
+                                      direct_schedule(4, 16, 1, 4, 4, splits=2)], ids=["gemm", "direct_split"])
+@pytest.mark.parametrize("layout", [None, "nhwc"])
+def test_simt_residual_and_nhwc(emu, rng, schedule, layout):
+    """The NCHW kernels: residual in a pass of its own, NHWC through transposes; fp32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        err = run(rng, (2, 6, 7, 5), (8, 6, 3, 3), {"padding": 1, "activation": "leaky_relu"}, dtype, schedule,
+                  residual=True, layout=layout)
+        assert err <= TOL[dtype], f"{schedule} {layout} {dtype}: {err:.3e}"
+
+
+def test_public_emulator_refuses_mma(emu):
+    x = np.ones((1, 8, 4, 4), np.float16)
+    w = np.ones((8, 8, 1, 1), np.float16)
+    with pytest.raises(ScheduleError):
+        jitops.conv2d(x, w, schedule=SMALL)
+
+
+def test_argument_errors(emu):
+    x = np.ones((1, 8, 4, 4), np.float32)
+    w = np.ones((8, 8, 3, 3), np.float32)
+    with pytest.raises(ArgumentError, match="residual"):
+        jitops.conv2d(x, w, residual=np.ones((1, 8, 4, 4), np.float32))           # output is 2x2
+    with pytest.raises(ArgumentError, match="residual"):
+        jitops.conv2d(x, w, residual=np.ones((1, 8, 2, 2), np.float16))           # dtype
+    with pytest.raises(ArgumentError, match="layout"):
+        jitops.conv2d(x, w, layout="nchwc")
+    with pytest.raises(ArgumentError, match="x"):
+        jitops.conv2d(np.ones((1, 4, 4, 8), np.float32)[..., :7], w, layout="nhwc")   # strided
+    with pytest.raises(ScheduleError, match="NHWC"):
+        jitops.conv2d(x, w, schedule="depthwise_nhwc")
+
+
+def test_heuristic_uses_matrix_cores_for_half():
+    """sm_90: fp16 / bf16 3x3 and 1x1 go to the matrix cores, depthwise NHWC to its kernel, fp32
+    stays on the exact kernels."""
+    dev = jitops.get_backend(target="sm_90").device
+
+    def pick(x, w, dtype, layout="", **attrs):
+        p = op.make_problem({"x": TensorSpec(x, dtype, layout), "w": TensorSpec(w, dtype), "bias": None}, attrs)
+        return op.heuristic(p, dev)
+
+    for dtype in ("float16", "bfloat16"):
+        assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1).algorithm == "implicit_gemm_mma"
+        assert pick((8, 256, 56, 56), (64, 256, 1, 1), dtype, "nhwc").algorithm == "implicit_gemm_mma"
+    assert pick((8, 96, 56, 56), (96, 1, 3, 3), "float16", "nhwc", padding=1, groups=96).algorithm == "depthwise_nhwc"
+    assert pick((8, 256, 56, 56), (256, 256, 3, 3), "float32", padding=1).algorithm != "implicit_gemm_mma"
+    why = pick((8, 256, 56, 56), (256, 256, 3, 3), "float16", padding=1).why
+    assert "implicit_gemm_mma" in why and "estimated" in why
+
+
+def test_mma_plans():
+    """What each layout costs in launches: NHWC with 8k channels reads x in place; NCHW (or 3
+    channels) adds one copy; split-K adds the reduction; the weights are packed once (prepare)."""
+    dev = jitops.get_backend(target="sm_90").device
+
+    def kernels(x, w, layout="", split=1):
+        p = op.make_problem({"x": TensorSpec(x, "float16", layout), "w": TensorSpec(w, "float16"), "bias": None},
+                            {"padding": 1})
+        plan = op.plan(p, mma_schedule(128, 128, 32, 2, 2, 4, split_k=split), dev)
+        assert [l.kernel for l in plan.prepare] == ["conv2d_mma_pack_weights"]
+        assert any(ws.derived_from == ("w",) for ws in plan.workspaces)
+        return [l.kernel for l in plan.launches]
+
+    assert kernels((8, 64, 56, 56), (64, 64, 3, 3), "nhwc") == ["conv2d_implicit_gemm_mma"]
+    assert kernels((8, 64, 56, 56), (64, 64, 3, 3)) == ["conv2d_to_nhwc", "conv2d_implicit_gemm_mma"]
+    assert kernels((8, 3, 56, 56), (64, 3, 3, 3), "nhwc") == ["conv2d_to_nhwc", "conv2d_implicit_gemm_mma"]
+    assert kernels((2, 512, 7, 7), (64, 512, 3, 3), "nhwc", split=4) == ["conv2d_implicit_gemm_mma",
+                                                                         "conv2d_splitk_reduce"]
