@@ -23,6 +23,14 @@ _spec.loader.exec_module(device_host)
 CASES = device_host.cases()
 
 
+@pytest.fixture(autouse=True)
+def gpu_backend():
+    """The GPU, not the emulator the test session defaults to (conftest sets JITOPS_BACKEND=cpu)."""
+    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
+    with jitops.use_backend(be):
+        yield be
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_repeat_call_native_correct_and_capturable(name):
     jit, ref_fn, tol = CASES[name]
