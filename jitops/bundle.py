@@ -217,4 +217,4 @@ def load_from_env() -> Bundle | None:
     path = os.environ.get(config.ENV_BUNDLE)
     if not path:
         return None
-    return load_bundle(path, fallback=os.environ.get("JITOPS_BUNDLE_FALLBACK", "error"))
+    return load_bundle(path, fallback=os.environ.get(config.ENV_BUNDLE_FALLBACK, "error"))

@@ -109,14 +109,6 @@ class DiskCache:
                 self.close()
                 self._broken = True
 
-    def meta(self, key: str) -> dict | None:
-        cache = self._open()
-        try:
-            entry = cache.get(key) if cache is not None else None
-        except Exception:
-            return None
-        return dict(entry.get("meta", {})) if isinstance(entry, dict) else None
-
     def delete(self, key: str) -> None:
         cache = self._open()
         if cache is not None:
@@ -241,9 +233,6 @@ class KernelLoader:
             self._modules[mem_key] = loaded
             return loaded
 
-    def forget_memory(self) -> None:
-        with self._lock:
-            self._modules.clear()
 
 
 _loader: KernelLoader | None = None

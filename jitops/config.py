@@ -27,6 +27,9 @@ ENV_CPU_CHECK = "JITOPS_CPU_CHECK"      # bounds / deadlock checking in the emul
 ENV_CPU_THREADS = "JITOPS_CPU_THREADS"  # worker threads of the emulator
 ENV_BUNDLE = "JITOPS_BUNDLE"            # load a compiled bundle at import
 ENV_NO_CACHE = "JITOPS_NO_DISK_CACHE"   # 1: never read or write the disk cache
+ENV_BUNDLE_FALLBACK = "JITOPS_BUNDLE_FALLBACK"   # error | jit: what a bundle mismatch does
+ENV_DEVICE = "JITOPS_DEVICE"            # GPU ordinal (default 0)
+ENV_CPU_STACK_KB = "JITOPS_CPU_STACK_KB"  # the emulator's per-thread fiber stack (default 64 KiB)
 
 
 def is_checkout() -> bool:

@@ -63,7 +63,7 @@ class CpuBackend(Backend):
             raise BackendUnavailable(f"cpu backend: warp_size must be 32 or 64, got {warp_size}")
         self.checked = config.env_flag(config.ENV_CPU_CHECK) if checked is None else bool(checked)
         self.workers = workers or int(os.environ.get(config.ENV_CPU_THREADS, "0") or 0) or (os.cpu_count() or 1)
-        self.stack_kb = int(os.environ.get("JITOPS_CPU_STACK_KB", "64"))
+        self.stack_kb = int(os.environ.get(config.ENV_CPU_STACK_KB, "64"))
         self.cxx = find_compiler(cxx=True)
         self._cxx_version = compiler_version(self.cxx)
         header = (EMU_DIR / "jitops_emu.h").read_bytes()

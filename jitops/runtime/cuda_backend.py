@@ -110,7 +110,7 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, target: str | None = None, ordinal: int | None = None):
-        self.ordinal = int(os.environ.get("JITOPS_DEVICE", "0")) if ordinal is None else ordinal
+        self.ordinal = int(os.environ.get(config.ENV_DEVICE, "0")) if ordinal is None else ordinal
         self._ctx = 0
         self._raised_smem: set[int] = set()
         self._lock = threading.Lock()

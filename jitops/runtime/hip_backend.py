@@ -102,7 +102,7 @@ class HipBackend(Backend):
     name = "hip"
 
     def __init__(self, target: str | None = None, ordinal: int | None = None):
-        self.ordinal = int(os.environ.get("JITOPS_DEVICE", "0")) if ordinal is None else ordinal
+        self.ordinal = int(os.environ.get(config.ENV_DEVICE, "0")) if ordinal is None else ordinal
         self._lock = threading.Lock()
         self._raised_smem: set[int] = set()
         # Offline, targets the installed hiprtc has no device library for go through clang.
