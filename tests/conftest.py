@@ -28,6 +28,19 @@ def emu(request):
         yield backend
 
 
+@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
+def mma_emu(request):
+    """The emulator in checked mode with matrix-core fragments done in software (the public
+    emulator reports none, so schedulers never pick them there): the matrix-core kernels' numerics
+    at warp 32 (mma.sync layouts) and warp 64 (MFMA layouts)."""
+    import dataclasses
+    from jitops.runtime.cpu_backend import CpuBackend
+    backend = CpuBackend(warp_size=request.param, checked=True)
+    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+    with use_backend(backend):
+        yield backend
+
+
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """A private user-record file and shipped-schedules folder for one test: (user file, folder).

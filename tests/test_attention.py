@@ -30,15 +30,6 @@ TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 SIMT = ("fused", "three_stage", "naive")
 
 
-@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
-def mma_emu(request):
-    """The emulator in checked mode with matrix-core fragments emulated in software (tests only)."""
-    backend = CpuBackend(warp_size=request.param, checked=True)
-    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
-    with use_backend(backend):
-        yield backend
-
-
 @pytest.fixture
 def mma_emu_device(emu):
     """The emulator of `emu`'s warp size with matrix-core fragments emulated (tests only)."""

@@ -11,7 +11,6 @@ The shapes are tiny: the emulator runs the matrix fragments in software.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import ml_dtypes
 import numpy as np
@@ -23,8 +22,6 @@ from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
 from jitops.ops.conv2d_mma import mma_schedule
 from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule
-from jitops.runtime import use_backend
-from jitops.runtime.cpu_backend import CpuBackend
 
 from conftest import rel_error
 
@@ -32,15 +29,6 @@ op = get_op("conv2d")
 TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5}
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 SMALL = mma_schedule(32, 32, 32, 1, 1, 2)            # one warp per block: fastest on the emulator
-
-
-@pytest.fixture(params=[32, 64], ids=["warp32", "warp64"])
-def mma_emu(request):
-    """The emulator with matrix-core fragments done in software (the public emulator has none)."""
-    backend = CpuBackend(warp_size=request.param, checked=True)
-    backend.device = dataclasses.replace(backend.device, matrix_cores=True)
-    with use_backend(backend):
-        yield backend
 
 
 def nhwc(a: np.ndarray) -> np.ndarray:

@@ -16,25 +16,7 @@ from jitops.ops import get_op
 from jitops.ops.base import Schedule, TensorSpec
 
 from conftest import rel_error
-
-
-def norm_call(op_name: str, problem: Any, ins: Mapping[str, Any], out: Any = None,
-              schedule: Schedule | str | None = None) -> Any:
-    """The public API call for a problem of any of the four norm ops (numpy arrays of an NHWC
-    problem are passed in storage order with layout="nhwc")."""
-    layout = getattr(problem, "layout", "") or None
-    if op_name == "batch_norm":
-        return jitops.batch_norm(ins["x"], ins["mean"], ins["var"], ins.get("gamma"), ins.get("beta"),
-                                 eps=problem.eps, activation=problem.activation, alpha=problem.alpha or 0.01,
-                                 layout=layout, out=out, schedule=schedule)
-    if op_name == "group_norm":
-        return jitops.group_norm(ins["x"], problem.groups, ins.get("gamma"), ins.get("beta"), eps=problem.eps,
-                                 layout=layout, out=out, schedule=schedule)
-    if op_name == "layer_norm":
-        return jitops.layer_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), ins.get("beta"),
-                                 eps=problem.eps, out=out, schedule=schedule)
-    return jitops.rms_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), eps=problem.eps, out=out,
-                           schedule=schedule)
+from jitops.bench.layer_norm import call as norm_call   # the public call for any norm problem
 
 
 def check_norm(op_name: str, problem: Any, schedule: Schedule | str | None, rng: np.random.Generator,
