@@ -81,6 +81,11 @@ def test_row_ops_every_strategy(op_name, dtype, ptype):
     shapes = ROW_SHAPES[op_name] if dtype == ptype == "float32" else ROW_SHAPES[op_name][:4]
     algorithms = (None, "warp", "block", "stream", "split", "naive") if dtype == "float32" or ptype == "float32" \
         else (None,)
+    _check_strategies(op_name, shapes, dtype, ptype, algorithms)
+
+
+def _check_strategies(op_name: str, shapes: list, dtype: str, ptype: str, algorithms: tuple) -> None:
+    """Each shape with each algorithm's best parameters (those that apply) against float64."""
     for shape in shapes:
         attrs = {"num_groups": GROUPS[shape]} if op_name == "group_norm" else {}
         problem, ins = make(op_name, shape, dtype, ptype, attrs)
@@ -241,17 +246,8 @@ def test_more_than_2_to_31_elements():
 @pytest.mark.parametrize("op_name", ["layer_norm", "rms_norm", "group_norm"])
 @pytest.mark.parametrize("ptype", ["float32", "bfloat16"])
 def test_bf16_every_strategy(op_name, ptype):
-    for shape in ROW_SHAPES[op_name][:4]:
-        attrs = {"num_groups": GROUPS[shape]} if op_name == "group_norm" else {}
-        problem, ins = make(op_name, shape, "bfloat16", ptype, attrs)
-        for alg in (None, "warp", "block", "stream", "split", "naive") if ptype == "float32" else (None,):
-            try:
-                sched = get_op(op_name).heuristic(problem, jitops.get_backend().device, alg)
-            except jitops.ScheduleError:
-                continue
-            if alg == "warp" and int(sched["items"]) > 32:
-                continue
-            check(op_name, problem, ins, sched)
+    _check_strategies(op_name, ROW_SHAPES[op_name][:4], "bfloat16", ptype,
+                      (None, "warp", "block", "stream", "split", "naive") if ptype == "float32" else (None,))
 
 
 def _nhwc_check(op_name, shape, dtype, ptype="float32", groups=32, schedule=None, x=None, tol=None):
