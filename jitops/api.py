@@ -55,14 +55,12 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
     residual: an array shaped like the output, added before the activation
     (y = act(conv + bias + residual): ResNet's Add + Relu, fused on the matrix cores).
     """
-    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
-             "activation": activation, "alpha": alpha}
-    if layout is not None:
-        attrs["layout"] = layout
-    elif out is None and schedule is None and (y := repeat_call(
+    if out is None and schedule is None and layout is None and (y := repeat_call(
             "conv2d", (x, w, bias, residual), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
         return y
-    return engine.run("conv2d", {"x": x, "w": w, "bias": bias, "residual": residual}, attrs,
+    attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+             "activation": activation, "alpha": alpha}
+    return engine.run("conv2d", {"x": x, "w": w, "bias": bias, "residual": residual}, _with_layout(attrs, layout),
                       out=_out("y", out), schedule=schedule)
 
 
