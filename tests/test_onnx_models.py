@@ -66,6 +66,17 @@ def _taken(groups) -> dict[str, int]:
     return out
 
 
+def _unfused_affine(model) -> list[str]:
+    """Mul / Add nodes that apply a constant to a jitops norm's output: its affine tail, which the
+    rewrite must take into the norm node (decomposed exports write gamma and beta as Mul and Add)."""
+    consts = {i.name for i in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    norm_outputs = {n.output[0] for n in model.graph.node
+                    if n.domain == jo.DOMAIN and n.op_type in ("LayerNorm", "RmsNorm", "GroupNorm")}
+    return [n.name for n in model.graph.node if n.op_type in ("Mul", "Add") and
+            set(n.input) & norm_outputs and set(n.input) & consts]
+
+
 def _feeds(corpus, name: str, batch: int, seq: int | None = None) -> dict[str, np.ndarray]:
     sizes = {"x_0": batch, "mask_0": batch}
     if seq is not None:
@@ -85,6 +96,7 @@ def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(cor
     rewritten = jo.rewrite(model)
     onnx.checker.check_model(rewritten)
     assert sum(n.domain == jo.DOMAIN for n in rewritten.graph.node) == sum(EXPECTED[name].values())
+    assert not _unfused_affine(rewritten), "a norm's constant scale / shift was left outside its jitops node"
     for batch, seq in ((1, None), (3, 5)):
         feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt") else None)
         ref = ort_session(model).run(None, feeds)[0]
