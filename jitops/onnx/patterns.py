@@ -69,21 +69,23 @@ def _square_of(view: GraphView, node: Any, value: str) -> bool:
 def _affine_tail(view: GraphView, value: str, covered: list[Any], want_bias: bool
                  ) -> tuple[str, str, str]:
     """[Mul(constant gamma)] [Add(constant beta)] after `value`: (output, gamma, beta) names ('' when absent)."""
-    gamma = beta = ""
-    mul = _user(view, value, ("Mul",))
-    if mul is not None:
-        g = _other(mul, value)
-        if g and view.is_constant(g):
-            gamma, value = g, mul.output[0]
-            covered.append(mul)
+    gamma, value = _constant_step(view, value, "Mul", covered)
+    beta = ""
     if want_bias:
-        add = _user(view, value, ("Add",))
-        if add is not None:
-            b = _other(add, value)
-            if b and view.is_constant(b):
-                beta, value = b, add.output[0]
-                covered.append(add)
+        beta, value = _constant_step(view, value, "Add", covered)
     return value, gamma, beta
+
+
+def _constant_step(view: GraphView, value: str, op_type: str, covered: list[Any]) -> tuple[str, str]:
+    """The constant operand of a `op_type` node that reads `value`, and that node's output (covered);
+    ('', value) when no such node follows."""
+    node = _user(view, value, (op_type,))
+    if node is not None:
+        const = _other(node, value)
+        if const and view.is_constant(const):
+            covered.append(node)
+            return const, node.output[0]
+    return "", value
 
 
 def _param(view: GraphView, name: str, shape: tuple[int | None, ...], fill: float, namer: Namer,
