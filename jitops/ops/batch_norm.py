@@ -132,7 +132,7 @@ def heuristic(problem: BatchNormProblem, device: DeviceInfo, algorithm: str | No
     n = problem.numel
     vec = 16 // ITEMSIZE[problem.dtype]
     block = 256
-    resident = device.multiprocessors * max(1, 2048 // block)
+    resident = device.multiprocessors * device.resident_blocks(block)
     one_per_thread = ceil_div(n, vec * block)
     unroll = 4 if one_per_thread <= 2 * resident else 1
     # H200 sweep (2026-11-22): evict-first accesses bought nothing here (fp32 98.1 vs 98.2% of copy,

@@ -143,7 +143,7 @@ def direct_time(prm: CostParams, p: Conv2dProblem, s: Schedule, device: DeviceIn
     blocks = ceil_div(p.oh, th) * ceil_div(p.ow, tw) * p.groups * ceil_div(p.cout_g, cot) * p.n * splits
     per_sm = ceil_div(blocks, device.multiprocessors)
     shared = direct_shared_bytes(p, th, tw, cot, cic)
-    resident = max(1, min(2048 // threads, device.shared_per_multiprocessor // max(1, shared), 32))
+    resident = max(1, min(device.max_threads_per_multiprocessor // threads, device.shared_per_multiprocessor // max(1, shared), 32))
     warps = min(per_sm, resident) * threads / device.warp_size
     fma_rate = mach.flops_per_sm / 2 * prm.direct_rate * _occupancy(prm, warps)
     return per_sm * chunks * per_thread * threads / fma_rate

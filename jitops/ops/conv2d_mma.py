@@ -224,7 +224,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     smem = shared_bytes(bm, bn, bk, stages)
     threads = wm * wn * device.warp_size
     regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
-    resident = max(1, min(device.shared_per_multiprocessor // smem, 2048 // threads,
+    resident = max(1, min(device.shared_per_multiprocessor // smem, device.max_threads_per_multiprocessor // threads,
                           device.registers_per_multiprocessor // (threads * regs)))
     splits, per = splits_of(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits

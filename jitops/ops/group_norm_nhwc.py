@@ -21,7 +21,7 @@ from typing import Any
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
-from .norm_affine import MAX_THREADS_PER_SM, affine_launch
+from .norm_affine import affine_launch
 from .norm_common import ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("nhwc", "naive")
@@ -57,7 +57,7 @@ def _merge_in_sums(c: int, groups: int, by: int, block: int) -> bool:
 
 def _blocks_per_sm(block: int, device: DeviceInfo) -> int:
     """Resident stats blocks per multiprocessor: threads and registers (65536 per SM)."""
-    return max(1, min(MAX_THREADS_PER_SM // block, 65536 // (block * STATS_REGISTERS)))
+    return max(1, min(device.max_threads_per_multiprocessor // block, 65536 // (block * STATS_REGISTERS)))
 
 
 def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **over: Any) -> Schedule:

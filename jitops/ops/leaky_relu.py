@@ -90,7 +90,7 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
         return Schedule.make("naive", why="one thread per element (baseline)", block=256)
     vec = 16 // ITEMSIZE[problem.dtype]
     block = 256
-    resident_blocks = device.multiprocessors * max(1, 2048 // block)
+    resident_blocks = device.multiprocessors * device.resident_blocks(block)
     # Measured on an H200 (scripts/sweep_leaky_relu.py and jitops bench, 2026-11-22): one pass over
     # the tensor; several vectors per thread pay only where one vector per thread would fill the
     # device about once (~1M fp32 elements); streaming (evict-first) accesses pay only when the
@@ -152,7 +152,7 @@ def plan(problem: LeakyReluProblem, schedule: Schedule, device: DeviceInfo) -> P
         if block > device.max_threads_per_block or block % device.warp_size:
             raise ScheduleError(f"block of {block} threads does not fit {device.name}")
         full = ceil_div(n, vec * unroll * block)
-        cap = waves * device.multiprocessors * max(1, 2048 // block)
+        cap = waves * device.multiprocessors * device.resident_blocks(block)
         grid = max(1, min(full, cap) if waves else full)
         idx = _index(schedule, n + grid * block * unroll * vec + 16)
         params = {"ctype": ctype, "index_type": idx, "block": block, "vec": vec, "unroll": unroll,

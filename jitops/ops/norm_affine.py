@@ -23,7 +23,7 @@ def affine_launch(kernel: str, dtype: str, numel: int, plane: int, nparams: int,
         raise ScheduleError(f"block of {block} threads does not fit {device.name}")
     nvec = numel // vec
     full = max(1, ceil_div(nvec, unroll * block))
-    cap = waves * device.multiprocessors * max(1, MAX_THREADS_PER_SM // block)
+    cap = waves * device.multiprocessors * device.resident_blocks(block)
     grid = min(full, cap) if waves else full
     idx = index_type(numel + grid * block * unroll * vec + 16)
     if plane % vec == 0:

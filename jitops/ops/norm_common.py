@@ -345,7 +345,7 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         grid = ceil_div(spec.rows, rpb)
         waves = int(schedule.get("waves", 0))
         if waves:
-            grid = min(grid, waves * device.multiprocessors * max(1, MAX_THREADS_PER_SM // block))
+            grid = min(grid, waves * device.multiprocessors * device.resident_blocks(block))
         per_sm = int(schedule.get("per_sm", 0))
         if per_sm < 0:
             raise ScheduleError(f"{name}: per_sm must be >= 0 (got {per_sm})")
@@ -365,7 +365,7 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         grid = spec.rows
         waves = int(schedule.get("waves", 0))
         if waves:
-            grid = min(grid, waves * device.multiprocessors * max(1, MAX_THREADS_PER_SM // tpr))
+            grid = min(grid, waves * device.multiprocessors * device.resident_blocks(tpr))
         params.update(tpr=tpr, unroll=unroll, streaming=bool(schedule.get("streaming")))
         return Plan((Launch.make("layer_norm/stream.hip.j2", f"{name}_stream", params, (grid,), (tpr,),
                                  _row_args(spec, out)),))
