@@ -2,8 +2,9 @@
 # On the lent GPU machine: the CUDA execution provider path for real. The onnxruntime-gpu wheel
 # (about 256 MB) is over one device call's carry, so earlier calls in quick succession leave its
 # pieces (split -b 52m -d -a 1 WHEEL .ortgpu/p) under /root/ort; this joins and installs them,
-# then runs the ONNX GPU tests (CUDA EP included) with the report under $OUT.
-# Usage: scripts/device_ort_gpu.sh SHA256_OF_WHEEL
+# then runs the ONNX GPU tests (CUDA EP included) with the report under $OUT, or the command given
+# after the checksum (e.g. python3 scripts/device_ort_cuda.py --out $OUT: real models end to end).
+# Usage: scripts/device_ort_gpu.sh SHA256_OF_WHEEL [COMMAND ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jitops-out}
@@ -14,4 +15,5 @@ echo "$1  $WHEEL" | sha256sum -c - || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ortsite "$WHEEL" || exit 1
 export PYTHONPATH=/tmp/ortsite:/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
+if [ $# -gt 1 ]; then shift; "$@"; exit $?; fi
 JITOPS_REPORT_DIR=$OUT python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu_onnx.py 2>&1 | tee "$OUT/gpu_onnx.log"

@@ -26,7 +26,11 @@ WATCHED = {"Conv", "BatchNormalization", "GroupNormalization", "LayerNormalizati
 TORCHVISION = ("resnet50", "mobilenet_v3_large", "convnext_tiny", "vit_b_16")
 
 
-def export(name: str, opset: int, dynamo: bool = False) -> tuple[bytes, dict[str, np.ndarray]]:
+def export(name: str, opset: int, dynamo: bool = False, dtype: str = "float32",
+           device: str = "cpu") -> tuple[bytes, dict[str, np.ndarray]]:
+    """The model exported with a symbolic batch (and sequence), and example feeds. dtype="float16"
+    exports a half-precision model (weights and activations; export it on "cuda" where CPU kernels
+    lack half support)."""
     import torch
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -59,6 +63,10 @@ def export(name: str, opset: int, dynamo: bool = False) -> tuple[bytes, dict[str
         example = (torch.randn(2, 3, 224, 224),)
         axes = {"x": {0: "batch"}, "y": {0: "batch"}}
         feeds = {"x": rng.standard_normal((2, 3, 224, 224)).astype(np.float32)}
+    if dtype != "float32":
+        model = model.to(device=device, dtype=getattr(torch, dtype))
+        example = tuple(t.to(device=device, dtype=getattr(torch, dtype)) for t in example)
+        feeds = {k: v.astype(dtype) for k, v in feeds.items()}
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
