@@ -25,7 +25,7 @@ from jitops.onnx.testing import max_rel_error, ort_session, ort_supports_opset, 
 
 # What each corpus model must give with a symbolic batch: jitops node types taken (count each).
 EXPECTED = {
-    "resnet": {"Conv2dRelu": 2, "Conv2d": 1},
+    "resnet": {"Conv2dRelu": 2, "Conv2dAddRelu": 1},   # the shortcut Add + Relu in the epilogue
     "mobilenet": {"Conv2d": 3, "Conv2dLeakyRelu": 1, "Conv2dRelu": 1},
     "convnext": {"Conv2d": 2, "LayerNorm": 1},
     "vit": {"Conv2d": 1, "LayerNorm": 3, "Attention": 1},

@@ -42,7 +42,10 @@ def _activation(t: OpType, x: str, y: str) -> list[Any]:
 
 def _conv(t: OpType, opset: int) -> list[Any]:
     refs = (_ref("strides", "ints"), _ref("pads", "ints"), _ref("dilations", "ints"), _ref("group", "int"))
-    return [_node("Conv", ["X", "W", "B"], ["conv"], refs)] + _activation(t, "conv", "Y")
+    nodes = [_node("Conv", ["X", "W", "B"], ["conv"], refs)]
+    if "residual" in t.inputs:      # y = act(conv + bias + residual)
+        nodes.append(_node("Add", ["conv", "R"], ["sum"]))
+    return nodes + _activation(t, "sum" if "residual" in t.inputs else "conv", "Y")
 
 
 def _batch_norm(t: OpType, opset: int) -> list[Any]:
@@ -174,7 +177,7 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     return nodes
 
 
-_FORMAL_INPUTS = {"conv2d": ["X", "W", "B"], "batch_norm": ["X", "scale", "B", "mean", "var"],
+_FORMAL_INPUTS = {"conv2d": ["X", "W", "B", "R"], "batch_norm": ["X", "scale", "B", "mean", "var"],
                   "group_norm": ["X", "scale", "B"], "layer_norm": ["X", "scale", "B"], "rms_norm": ["X", "scale"],
                   "leaky_relu": ["X"]}
 _BODIES: dict[str, Callable[[OpType, int], list[Any]]] = {
@@ -187,7 +190,8 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     (`attention_op`: the attention nodes of this type replaced ONNX Attention-23 nodes)."""
     from onnx import helper
     t = OP_TYPES[type_name]
-    inputs = _FORMAL_INPUTS.get(t.op) or ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else [])
+    inputs = (_FORMAL_INPUTS[t.op][:len(t.inputs)] if t.op in _FORMAL_INPUTS
+              else ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else []))
     body = _attention(t, opset, attention_op) if t.op == "attention" else _BODIES[t.op](t, opset)
     return helper.make_function(DOMAIN, t.name, inputs, ["Y"], body,
                                 [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],

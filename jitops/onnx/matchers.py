@@ -97,7 +97,35 @@ def _with_activation(view: GraphView, cand: Candidate, fuse: bool) -> Iterator[C
     yield cand
 
 
-# ---------------------------------------------------------------- Conv (+ BatchNormalization) (+ activation)
+# ---------------------------------------------------------------- Conv (+ BatchNormalization) (+ Add) (+ activation)
+
+def _residual_add(view: GraphView, cand: Candidate) -> Candidate | None:
+    """Conv2d[+BN] -> Add(., r) as Conv2dAdd with r as the residual input, when the Add is the only
+    reader of the conv's output and r has the output's shape (no broadcasting): C, H, W known and
+    equal; the batch either known and equal or symbolic on both sides (the same batch flows through
+    the network; a mismatch would be refused by conv2d at run time, never computed wrong)."""
+    add = view.only_consumer(cand.output)
+    if add is None or add.op_type != "Add" or not _same_domain(add) or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == cand.output else add.input[0]
+    if other == cand.output or not other:
+        return None
+    out, r = view.shape(cand.output), view.shape(other)
+    if out is None or r is None or len(out) != 4 or len(r) != 4 or view.dtype(other) != view.dtype(cand.output):
+        return None
+    if None in out[1:] or tuple(out[1:]) != tuple(r[1:]) or out[0] != r[0]:
+        return None
+    return Candidate(cand.op_type + "Add", cand.nodes + [add], cand.inputs + [other], dict(cand.attrs),
+                     add.output[0], cand.constants, cand.extra_nodes, cand.values)
+
+
+def _with_residual(view: GraphView, cand: Candidate, fuse: bool) -> Iterator[Candidate]:
+    """The residual forms first (most fused), then the conv with its activation alone."""
+    added = _residual_add(view, cand) if fuse else None
+    if added is not None:
+        yield from _with_activation(view, added, fuse)
+    yield from _with_activation(view, cand, fuse)
+
 
 def _conv_pads(view: GraphView, node: Any, a: dict[str, Any], kernel: tuple[int, ...], strides: list[int],
                dilations: list[int]) -> list[int] | str:
@@ -188,8 +216,8 @@ def match_conv(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator
                 w_name, b_name, consts = folded
                 fused = Candidate("Conv2d", [node, bn], [node.input[0], w_name, b_name], attrs, bn.output[0],
                                   consts, values={n: (tuple(v.shape), str(v.dtype)) for n, v in consts.items()})
-                yield from _with_activation(view, fused, fuse)
-    yield from _with_activation(view, plain, fuse)
+                yield from _with_residual(view, fused, fuse)
+    yield from _with_residual(view, plain, fuse)
 
 
 # ---------------------------------------------------------------- normalizations and LeakyRelu

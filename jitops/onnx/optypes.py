@@ -128,6 +128,8 @@ def _variants(base: str, op: str, inputs: tuple[str, ...], optional: frozenset[s
 
 OP_TYPES: dict[str, OpType] = {t.name: t for t in [
     *_variants("Conv2d", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS),
+    # Conv (+ BatchNormalization) + Add of a same-shaped tensor (+ activation): ResNet's shortcut.
+    *_variants("Conv2dAdd", "conv2d", ("x", "w", "bias", "residual"), frozenset({"bias"}), _CONV_ATTRS),
     *_variants("BatchNorm", "batch_norm", _BN_INPUTS, frozenset(), (Attr("epsilon", "float", 1e-5),)),
     OpType("GroupNorm", "group_norm", ("x", "gamma", "beta"), frozenset(),
            (Attr("num_groups", "int"), Attr("epsilon", "float", 1e-5))),
