@@ -99,12 +99,16 @@ class TorchGraph:
 
         memo: dict[tuple, dict[str, Any]] = {}
 
+        layout = t.fixed.get("layout")      # Conv2dNhwc*: x / residual / y stored N, H, W, C
+
         def run(i: list) -> Any:
             tensors = {n: (i[k] if k < len(i) else None) for k, n in enumerate(names)}
             shapes = {n: tuple(v.shape) for n, v in tensors.items() if v is not None}
             key = tuple(shapes.items())
             attrs = memo.get(key)
             if attrs is None:
-                attrs = memo[key] = t.op_attrs(node_attrs, shapes)
+                logical = {n: ((s[0], s[3], s[1], s[2]) if layout and n in ("x", "residual") else s)
+                           for n, s in shapes.items()}
+                attrs = memo[key] = {**t.op_attrs(node_attrs, logical), **({"layout": layout} if layout else {})}
             return engine.run(t.op, tensors, attrs)
         return run

@@ -42,10 +42,17 @@ def _activation(t: OpType, x: str, y: str) -> list[Any]:
 
 def _conv(t: OpType, opset: int) -> list[Any]:
     refs = (_ref("strides", "ints"), _ref("pads", "ints"), _ref("dilations", "ints"), _ref("group", "int"))
-    nodes = [_node("Conv", ["X", "W", "B"], ["conv"], refs)]
+    nhwc = t.fixed.get("layout") == "nhwc"      # X, R and Y stored N, H, W, C: transpose around the body
+    nodes = [_node("Transpose", [v], [v + "nchw"], perm=[0, 3, 1, 2]) for v in ("X", "R")
+             if nhwc and (v == "X" or "residual" in t.inputs)]
+    x, r = ("Xnchw", "Rnchw") if nhwc else ("X", "R")
+    nodes.append(_node("Conv", [x, "W", "B"], ["conv"], refs))
     if "residual" in t.inputs:      # y = act(conv + bias + residual)
-        nodes.append(_node("Add", ["conv", "R"], ["sum"]))
-    return nodes + _activation(t, "sum" if "residual" in t.inputs else "conv", "Y")
+        nodes.append(_node("Add", ["conv", r], ["sum"]))
+    nodes += _activation(t, "sum" if "residual" in t.inputs else "conv", "Ynchw" if nhwc else "Y")
+    if nhwc:
+        nodes.append(_node("Transpose", ["Ynchw"], ["Y"], perm=[0, 2, 3, 1]))
+    return nodes
 
 
 def _batch_norm(t: OpType, opset: int) -> list[Any]:

@@ -58,13 +58,31 @@ class Kernel:
         key = tuple((n, s, dtypes.get(n)) for n, s in shapes.items())
         found = self.plans.get(key)
         if found is None:
-            attrs = self.type.op_attrs(self.node_attrs, {n: s for n, s in shapes.items() if s is not None})
-            specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in shapes.items()}
+            specs = self.specs(shapes, dtypes)
+            attrs = self.type.op_attrs(self.node_attrs, {n: s.shape for n, s in specs.items() if s is not None})
             problem = get_op(self.type.op).make_problem(specs, attrs)
-            found = (attrs, [(n, s, (ctypes.c_int64 * max(1, len(s.shape)))(*s.shape))
+            found = (attrs, [(n, s, (ctypes.c_int64 * max(1, len(s.shape)))(*s.storage_shape))
                              for n, s in problem.outputs().items()])
             self.plans[key] = found
         return found
+
+    def specs(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
+              ) -> dict[str, TensorSpec | None]:
+        """The op's view of ORT's tensors: on a channels-last type (Conv2dNhwc*) the op's layout
+        inputs arrive stored N, H, W, C and are described by their logical N, C, H, W shape."""
+        layout = self.type.fixed.get("layout", "")
+        nhwc = set(getattr(get_op(self.type.op), "LAYOUT_INPUTS", ())) if layout else set()
+        out: dict[str, TensorSpec | None] = {}
+        for n, s in shapes.items():
+            if s is None:
+                out[n] = None
+            elif n in nhwc:
+                if len(s) != 4:
+                    raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D (N, H, W, C), got {list(s)}")
+                out[n] = TensorSpec((s[0], s[3], s[1], s[2]), dtypes[n], layout)
+            else:
+                out[n] = TensorSpec(s, dtypes[n])
+        return out
 
 
 _kernels: dict[int, Kernel] = {}
@@ -169,13 +187,14 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
     k.calls += 1
     if k.provider == 0:
         tensors = {n: (_host_view(ptrs[n], shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
-        outs = {name: _host_view(p, s.shape, s.dtype) for (name, s, _), p in zip(out_specs, out_ptrs)}
-        engine.run(k.type.op, tensors, attrs, out=outs, backend=k.backend)
+        outs = {name: _host_view(p, s.storage_shape, s.dtype) for (name, s, _), p in zip(out_specs, out_ptrs)}
+        layout = k.type.fixed.get("layout")
+        engine.run(k.type.op, tensors, {**attrs, "layout": layout} if layout else attrs, out=outs, backend=k.backend)
     else:
         key = (tuple(shapes.values()), tuple(dtypes.values()), engine.generation())
         runner = k.runners.get(key)
         if runner is None:      # new shapes, or plans dropped since (e.g. tuning records changed)
-            specs = {n: (TensorSpec(shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
+            specs = k.specs(shapes, dtypes)
             k.runners = {r: f for r, f in k.runners.items() if r[2] == key[2]}
             runner = k.runners[key] = engine.pointer_runner(k.type.op, specs, attrs, k.backend)
         derived = runner.derived_inputs

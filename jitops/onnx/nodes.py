@@ -16,10 +16,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import JitopsError
+from ..errors import ArgumentError, JitopsError
 from ..ops import get_op, op_names
 from ..ops.base import TensorSpec
 from .graph import GraphView, load_model
+from .layout import plan_nhwc
 from .matchers import MATCHERS, ONNX_DOMAINS, ONNX_TO_OP, Candidate, Namer, Rejection
 from .optypes import OP_TYPES
 
@@ -223,14 +224,18 @@ def _numpy_dtype(name: str) -> Any:
 
 
 def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
-              ops: Iterable[str] | None = None, fuse: bool = True) -> list[NodeProblem]:
+              ops: Iterable[str] | None = None, fuse: bool = True, layout: str = "auto") -> list[NodeProblem]:
     """Every node group jitops recognises, supported or not (unsupported ones carry `reason`).
 
     model: ModelProto, path or bytes. input_shapes: {graph input name: shape} for dynamic dims.
     ops: restrict to these jitops ops (or ONNX op types), default all. fuse: Conv+BatchNorm+activation,
     BatchNorm+activation and MatMul/Softmax/MatMul attention patterns (default on).
     Groups are disjoint and in graph order; nodes jitops has no op for are not listed.
+    layout: "auto" runs fp16 / bf16 conv groups that feed each other on channels-last data
+    (jitops.onnx.layout; their types become Conv2dNhwc*), "nchw" keeps every node NCHW.
     """
+    if layout not in ("auto", "nchw"):
+        raise ArgumentError("layout", "'auto' or 'nchw'", repr(layout), op="jitops.onnx")
     proto = load_model(model)
     view = GraphView(proto, input_shapes)
     wanted = _wanted_ops(ops)
@@ -258,7 +263,7 @@ def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
             taken.update(id(n) for n in picked.covered)
         out.append(picked)
     log.info("%d jitops candidates, %d supported", len(out), sum(p.supported for p in out))
-    return out
+    return plan_nhwc(view, out) if layout == "auto" else out
 
 
 def _pick(view: GraphView, node: Any, fuse: bool, namer: Namer, order: Mapping[int, int], taken: set[int]
@@ -308,11 +313,11 @@ def _rejected(r: Rejection) -> NodeProblem:
 
 
 def supported_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                    ops: Iterable[str] | None = None, fuse: bool = True) -> list[NodeProblem]:
+                    ops: Iterable[str] | None = None, fuse: bool = True, layout: str = "auto") -> list[NodeProblem]:
     """The node groups of `model` that jitops runs: exactly what `rewrite` replaces with the same arguments.
 
     Each NodeProblem has `.op` (jitops op name), `.problem` (its Problem; `.key` its record key),
     `.inputs` / `.attrs` (what jitops.<op>() would be called with) and `.nodes` (ONNX node names).
     Use `map_nodes` to also see the recognised nodes that stay ONNX, each with its `reason`.
     """
-    return [p for p in map_nodes(model, input_shapes, ops, fuse) if p.supported]
+    return [p for p in map_nodes(model, input_shapes, ops, fuse, layout) if p.supported]

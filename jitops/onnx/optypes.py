@@ -119,17 +119,22 @@ _ALPHA = Attr("alpha", "float", 0.01)
 
 
 def _variants(base: str, op: str, inputs: tuple[str, ...], optional: frozenset[str],
-              attrs: tuple[Attr, ...]) -> list[OpType]:
+              attrs: tuple[Attr, ...], **fixed: Any) -> list[OpType]:
     """The plain type and its fused-activation variants (epilogue relu / leaky_relu)."""
-    return [OpType(base, op, inputs, optional, attrs, {"activation": None}),
-            OpType(base + "Relu", op, inputs, optional, attrs, {"activation": "relu"}),
-            OpType(base + "LeakyRelu", op, inputs, optional, attrs + (_ALPHA,), {"activation": "leaky_relu"})]
+    return [OpType(base, op, inputs, optional, attrs, {"activation": None, **fixed}),
+            OpType(base + "Relu", op, inputs, optional, attrs, {"activation": "relu", **fixed}),
+            OpType(base + "LeakyRelu", op, inputs, optional, attrs + (_ALPHA,),
+                   {"activation": "leaky_relu", **fixed})]
 
 
 OP_TYPES: dict[str, OpType] = {t.name: t for t in [
     *_variants("Conv2d", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS),
     # Conv (+ BatchNormalization) + Add of a same-shaped tensor (+ activation): ResNet's shortcut.
     *_variants("Conv2dAdd", "conv2d", ("x", "w", "bias", "residual"), frozenset({"bias"}), _CONV_ATTRS),
+    # The same on channels-last data (x, residual and y stored N, H, W, C): inside NHWC regions (layout.py).
+    *_variants("Conv2dNhwc", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS, layout="nhwc"),
+    *_variants("Conv2dNhwcAdd", "conv2d", ("x", "w", "bias", "residual"), frozenset({"bias"}), _CONV_ATTRS,
+               layout="nhwc"),
     *_variants("BatchNorm", "batch_norm", _BN_INPUTS, frozenset(), (Attr("epsilon", "float", 1e-5),)),
     OpType("GroupNorm", "group_norm", ("x", "gamma", "beta"), frozenset(),
            (Attr("num_groups", "int"), Attr("epsilon", "float", 1e-5))),

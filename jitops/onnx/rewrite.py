@@ -13,8 +13,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._version import __version__
 from .functions import function_for
 from .graph import default_opset, load_model
+from .layout import Transposes
 from .nodes import NodeProblem, supported_nodes
 from .optypes import DOMAIN, DOMAIN_VERSION, OP_TYPES
+
+NHWC_TYPES = {name for name, t in OP_TYPES.items() if t.fixed.get("layout") == "nhwc"}
 
 log = logging.getLogger("jitops.onnx")
 
@@ -22,33 +25,35 @@ MIN_IR_VERSION = 8          # model-local functions
 METADATA_KEY = "jitops.rewrite"
 
 
-def _jitops_node(p: NodeProblem) -> Any:
+def _jitops_node(p: NodeProblem, inputs: list[str] | None = None, output: str | None = None) -> Any:
     from onnx import helper
     t = OP_TYPES[p.op_type]
-    inputs = list(p.node_inputs)
+    inputs = list(p.node_inputs if inputs is None else inputs)
     while inputs and not inputs[-1]:      # trailing absent optional inputs are left out
         inputs.pop()
     attrs = {k: v for k, v in p.node_attrs.items() if k in {a.name for a in t.attrs}}
     name = "jitops/" + "+".join(p.nodes)
-    return helper.make_node(t.name, inputs, [p.node_output], name=name, domain=DOMAIN, **attrs)
+    return helper.make_node(t.name, inputs, [output or p.node_output], name=name, domain=DOMAIN, **attrs)
 
 
 def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
-            fuse: bool = True, fallback: bool = True) -> Any:
+            fuse: bool = True, fallback: bool = True, layout: str = "auto") -> Any:
     """A copy of `model` with every node group jitops supports replaced by one node in domain `jitops`.
 
     model: ModelProto, path or bytes. ops: restrict to these jitops ops (or ONNX op types).
     input_shapes: graph input name -> shape, for dynamic dimensions. Without them a node whose sizes
     are symbolic is still taken when its rank, dtype and kernel-family sizes are known; its ONNX
     Runtime kernel plans per actual shape at run time.
-    fuse: Conv + BatchNormalization (folded into the weights) + Relu/LeakyRelu,
+    fuse: Conv + BatchNormalization (folded into the weights) + Add (residual) + Relu/LeakyRelu,
     BatchNormalization + activation, MatMul/Softmax/MatMul attention. fallback: add the ONNX function
-    bodies that let the model run without jitops (default on).
-    The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse)`.
+    bodies that let the model run without jitops (default on). layout: "auto" keeps fp16 / bf16
+    activations channels-last between conv groups that feed each other (Transposes where such a
+    region is entered and left, when that saves conversions: jitops.onnx.layout), "nchw" never.
+    The replaced groups are `jitops.onnx.supported_nodes(model, input_shapes, ops, fuse, layout)`.
     """
     import onnx
     src = load_model(model)
-    problems = supported_nodes(src, input_shapes, ops, fuse)
+    problems = supported_nodes(src, input_shapes, ops, fuse, layout)
     out = onnx.ModelProto()
     out.CopyFrom(src)
     g = out.graph
@@ -60,6 +65,7 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
         covered.update(ids)
         by_last[max(ids, key=lambda i: order[i])] = p
     new_nodes = []
+    transposes = Transposes(src.graph, problems)
     for node in src.graph.node:
         if id(node) not in covered:
             new_nodes.append(node)
@@ -67,7 +73,11 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
         p = by_last.get(id(node))
         if p is not None:   # the group's last node: its inputs all exist by now
             new_nodes.extend(p.extra_nodes)
-            new_nodes.append(_jitops_node(p))
+            if p.op_type in NHWC_TYPES:
+                inputs, output, before, after = transposes.around(p)
+                new_nodes += [*before, _jitops_node(p, inputs, output), *after]
+            else:
+                new_nodes.append(_jitops_node(p))
     del g.node[:]
     g.node.extend(_drop_orphans(new_nodes, [n for p in problems for n in p.covered], out.graph))
     _update_initializers(out, problems)
