@@ -89,8 +89,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--cases", default="resnet50:1,resnet50:8,vit_b_16:1,vit_b_16:8,bert_base:8")
     ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--json", default="device_ort_cuda.json", help="file name under --out")
     ap.add_argument("--ops", action="append", help="take only these jitops ops (repeatable; default: all); "
-                    "'--ops attention --ops layer_norm' runs a case once per listed op, to attribute time")
+                    "'--ops all --ops attention --ops layer_norm' runs a case once per entry, to attribute time")
     args = ap.parse_args()
     import onnxruntime as ort
     if hasattr(ort, "preload_dlls"):
@@ -103,7 +104,7 @@ def main() -> int:
     results = []
     for case in args.cases.split(","):
         name, batch = case.split(":")[0], int(case.split(":")[1])
-        for dtype, ops in [(d, o) for d in args.dtypes.split(",") for o in ([[o] for o in args.ops] if args.ops else [None])]:
+        for dtype, ops in [(d, o) for d in args.dtypes.split(",") for o in ([None if o == "all" else [o] for o in args.ops] if args.ops else [None])]:
             if time.perf_counter() - start > args.budget_s:
                 r = {"model": name, "batch": batch, "dtype": dtype, "skipped": "time budget"}
             else:
@@ -113,7 +114,7 @@ def main() -> int:
                     r = {"model": name, "batch": batch, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"[:1500]}
             results.append(r)
             print(json.dumps(r), flush=True)
-            with open(os.path.join(args.out, "device_ort_cuda.json"), "w") as f:
+            with open(os.path.join(args.out, args.json), "w") as f:
                 json.dump({"ort": ort.__version__, "results": results}, f, indent=1)
     print("\nmodel       batch dtype    ORT CUDA ms  jitops ms  speedup  err jitops/ORT  jitops ops")
     for r in results:
