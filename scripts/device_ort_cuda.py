@@ -7,7 +7,7 @@ Needs onnxruntime-gpu (scripts/device_ort_gpu.sh installs the carried wheel). Ea
 torchvision model (or the BERT-base-style encoder) with a symbolic batch, builds both sessions on
 the CUDA EP, binds inputs and outputs to device memory (io_binding, so no host copies are timed on
 either side), checks both outputs against ORT's float32 CPU run of the float32 export, and times
-the median of `--reps` runs after warm-ups (the first jitops run compiles). fp32 runs with TF32
+the median of `--reps` runs after warm-ups, the sessions taking turns (the first jitops run compiles). fp32 runs with TF32
 off on both sides (ORT's `use_tf32=0`, jitops' exact fp32 kernels); fp16 runs the half export.
 """
 from __future__ import annotations
@@ -34,28 +34,60 @@ def feeds_for(name: str, batch: int, dtype: str) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal((batch, 3, 224, 224)).astype(dtype)}
 
 
-def timed_session(ort, sess, feeds: dict[str, np.ndarray], reps: int, warmup: int) -> tuple[float, np.ndarray, float]:
-    """Median ms of run_with_iobinding with device-resident inputs and outputs; the first run's seconds."""
-    binding = sess.io_binding()
-    for k, v in feeds.items():
-        binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-    binding.bind_output(sess.get_outputs()[0].name, "cuda")
-    t0 = time.perf_counter()
-    sess.run_with_iobinding(binding)
-    first = time.perf_counter() - t0
-    for _ in range(warmup):
-        sess.run_with_iobinding(binding)
-    times = []
-    for _ in range(reps):
+class Bound:
+    """A session with device-resident inputs and outputs bound (io_binding): no host copy is timed."""
+
+    def __init__(self, ort, sess, feeds: dict[str, np.ndarray]):
+        self.sess, self.binding = sess, sess.io_binding()
+        for k, v in feeds.items():
+            self.binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
+        self.binding.bind_output(sess.get_outputs()[0].name, "cuda")
         t0 = time.perf_counter()
-        sess.run_with_iobinding(binding)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, binding.copy_outputs_to_cpu()[0], first
+        self.run()
+        self.first_s = time.perf_counter() - t0
+        self.times: list[float] = []
+
+    def run(self) -> None:
+        self.sess.run_with_iobinding(self.binding)
+
+    def output(self) -> np.ndarray:
+        return self.binding.copy_outputs_to_cpu()[0]
 
 
-def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] | None = None) -> dict:
+def take_turns(bound: dict[str, Bound], reps: int, warmup: int = 3) -> dict[str, float]:
+    """Median ms per session, the sessions taking turns run by run (host drift hits all alike)."""
+    for _ in range(warmup):
+        for b in bound.values():
+            b.run()
+    for _ in range(reps):
+        for b in bound.values():
+            t0 = time.perf_counter()
+            b.run()
+            b.times.append(time.perf_counter() - t0)
+    return {k: statistics.median(b.times) * 1e3 for k, b in bound.items()}
+
+
+# Rewrite variants compared in one run (--variants): what each fusion and the layout pass are worth.
+VARIANTS = {"default": {}, "nchw": {"layout": "nchw"}, "no_residual": {"residual": False}}
+
+
+def rewritten(data: bytes, ops: list[str] | None, variant: str):
     import onnx
 
+    import jitops.onnx as jo
+    from jitops.onnx import matchers
+    args = dict(VARIANTS[variant])
+    keep = matchers._residual_add
+    if args.pop("residual", True) is False:       # an experiment knob, not an API: Conv+Add left to ORT
+        matchers._residual_add = lambda view, cand: None
+    try:
+        return jo.rewrite(onnx.load_from_string(data), ops=ops, **args)
+    finally:
+        matchers._residual_add = keep
+
+
+def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] | None = None,
+             variants: tuple[str, ...] = ("default",)) -> dict:
     import jitops.onnx as jo
     from jitops.onnx.testing import max_rel_error
     from onnx_models import export
@@ -65,21 +97,23 @@ def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] |
     ref = ort.InferenceSession(data32, providers=["CPUExecutionProvider"]).run(
         None, {k: v.astype(np.float32) for k, v in feeds.items()})[0]
     cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    native = ort.InferenceSession(data, providers=cuda)
-    t_native, y_native, _ = timed_session(ort, native, feeds, reps, 3)
-    t0 = time.perf_counter()
-    jit = jo.session(onnx.load_from_string(data), providers=cuda, **({"ops": ops} if ops else {}))
-    t_session = time.perf_counter() - t0
-    t_jit, y_jit, first = timed_session(ort, jit, feeds, reps, 3)
-    rewritten = jo.rewrite(onnx.load_from_string(data), ops=ops)
-    return {"model": name, "batch": batch, "dtype": dtype, "ops": ops or "all",
-            "jitops_nodes": sum(n.domain == "jitops" for n in rewritten.graph.node),
-            "ort_cuda_ms": round(t_native, 3), "jitops_cuda_ms": round(t_jit, 3),
-            "speedup": round(t_native / t_jit, 3),
-            "err_ort_vs_fp32": max_rel_error(y_native.astype(np.float32), ref),
-            "err_jitops_vs_fp32": max_rel_error(y_jit.astype(np.float32), ref),
-            "err_jitops_vs_ort": max_rel_error(y_jit.astype(np.float32), y_native.astype(np.float32)),
-            "session_s": round(t_session, 2), "first_run_s": round(first, 2)}
+    bound = {"ort": Bound(ort, ort.InferenceSession(data, providers=cuda), feeds)}
+    nodes = {}
+    for v in variants:
+        model = rewritten(data, ops, v)
+        nodes[v] = sum(n.domain == "jitops" for n in model.graph.node)
+        bound[v] = Bound(ort, jo.session(model, providers=cuda, rewrite=False), feeds)
+    ms = take_turns(bound, reps)
+    y_ort = bound["ort"].output().astype(np.float32)
+    r = {"model": name, "batch": batch, "dtype": dtype, "ops": ops or "all", "ort_cuda_ms": round(ms["ort"], 3),
+         "err_ort_vs_fp32": max_rel_error(y_ort, ref)}
+    for v in variants:
+        y = bound[v].output().astype(np.float32)
+        tag = "" if v == "default" else f"_{v}"
+        r.update({f"jitops{tag}_nodes": nodes[v], f"jitops{tag}_ms": round(ms[v], 3),
+                  f"speedup{tag}": round(ms["ort"] / ms[v], 3), f"err_jitops{tag}_vs_fp32": max_rel_error(y, ref),
+                  f"err_jitops{tag}_vs_ort": max_rel_error(y, y_ort), f"first_run{tag}_s": round(bound[v].first_s, 2)})
+    return r
 
 
 def main() -> int:
@@ -90,6 +124,7 @@ def main() -> int:
     ap.add_argument("--cases", default="resnet50:1,resnet50:8,vit_b_16:1,vit_b_16:8,bert_base:8")
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--json", default="device_ort_cuda.json", help="file name under --out")
+    ap.add_argument("--variants", default="default", help=f"rewrites to compare, of {','.join(VARIANTS)}")
     ap.add_argument("--ops", action="append", help="take only these jitops ops (repeatable; default: all); "
                     "'--ops all --ops attention --ops layer_norm' runs a case once per entry, to attribute time")
     args = ap.parse_args()
@@ -109,18 +144,20 @@ def main() -> int:
                 r = {"model": name, "batch": batch, "dtype": dtype, "skipped": "time budget"}
             else:
                 try:
-                    r = run_case(ort, name, batch, dtype, args.reps, ops)
+                    r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")))
                 except Exception as exc:  # reported; the other cases still run
                     r = {"model": name, "batch": batch, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"[:1500]}
             results.append(r)
             print(json.dumps(r), flush=True)
             with open(os.path.join(args.out, args.json), "w") as f:
                 json.dump({"ort": ort.__version__, "results": results}, f, indent=1)
-    print("\nmodel       batch dtype    ORT CUDA ms  jitops ms  speedup  err jitops/ORT  jitops ops")
+    print("\nmodel       batch dtype    ORT CUDA ms  variant       jitops ms  speedup  err jitops/ORT  jitops ops")
     for r in results:
-        if "speedup" in r:
-            print(f"{r['model']:<11} {r['batch']:>5} {r['dtype']:<8} {r['ort_cuda_ms']:>11} {r['jitops_cuda_ms']:>10}"
-                  f" {r['speedup']:>8} {r['err_jitops_vs_ort']:>10.2e}  {r['ops']}")
+        for v in args.variants.split(","):
+            tag = "" if v == "default" else f"_{v}"
+            if f"speedup{tag}" in r:
+                print(f"{r['model']:<11} {r['batch']:>5} {r['dtype']:<8} {r['ort_cuda_ms']:>11}  {v:<12} "
+                      f"{r[f'jitops{tag}_ms']:>9} {r[f'speedup{tag}']:>8} {r[f'err_jitops{tag}_vs_ort']:>10.2e}  {r['ops']}")
     return 0
 
 
