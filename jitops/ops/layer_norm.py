@@ -21,6 +21,12 @@ NAME = "layer_norm"
 INPUTS = ("x", "gamma", "beta")
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_layer_norm", onnx=("LayerNormalization", "ReduceMean"))
+
+
 @dataclass(frozen=True)
 class LayerNormProblem:
     shape: tuple[int, ...]

@@ -21,6 +21,12 @@ NAME = "rms_norm"
 INPUTS = ("x", "gamma")
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_rms_norm", onnx=("RMSNormalization", "Pow", "Mul"))
+
+
 @dataclass(frozen=True)
 class RmsNormProblem:
     shape: tuple[int, ...]
