@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..device import DeviceInfo
-from .base import Schedule, TensorSpec
+from .base import Registration, Schedule, TensorSpec
 from .norm_common import row_heuristic
 # The op functions: one implementation for layer_norm and rms_norm.
 from .norm_trailing import (TrailingNormProblem, bytes_moved, candidates, heuristic, plan,
@@ -22,7 +22,6 @@ INPUTS = ("x", "gamma", "beta")
 
 # ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
 # docs/adding_an_op.md). jitops.ops derives every list of ops from it.
-from .base import Registration  # noqa: E402
 REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_layer_norm", onnx=("LayerNormalization", "ReduceMean"))
 
 

@@ -53,9 +53,13 @@ def leaky_relu_problems() -> list[tuple[str, Any]]:
     """Every bench size in float32 and float16 (the bench's bf16 and channels_last rows are left untuned)."""
     from ..bench import leaky_relu as bench
     op = get_op("leaky_relu")
-    return [(f"n=4^{(n.bit_length() - 1) // 2} {dtype}" if n & (n - 1) == 0 and n.bit_length() % 2 else
-             f"n={n} {dtype}", op.make_problem({"x": TensorSpec((n,), dtype)}, {"alpha": bench.ALPHA}))
+    return [(f"n={_power_of_4(n)} {dtype}", op.make_problem({"x": TensorSpec((n,), dtype)}, {"alpha": bench.ALPHA}))
             for dtype in ("float32", "float16") for n in bench.sizes(_BENCH_SHAPES)]
+
+
+def _power_of_4(n: int) -> str:
+    k = (n.bit_length() - 1) // 2
+    return f"4^{k}" if 4 ** k == n else str(n)
 
 
 def conv2d_problems() -> list[tuple[str, Any]]:

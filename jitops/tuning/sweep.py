@@ -1,6 +1,6 @@
 """Time a given list of schedules of one problem the way the tuner does (device events per call,
 L2 flushed, interleaved trials), each first checked against the float64 reference: the
-measurement behind scripts/sweep_*.py and the GPU tests' re-measurement of a tuned record."""
+measurement behind scripts/sweep_norms.py and the GPU tests' re-measurement of a tuned record."""
 from __future__ import annotations
 
 from dataclasses import dataclass
