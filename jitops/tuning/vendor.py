@@ -3,8 +3,10 @@
 Only for the summary table: "where available" means a GPU backend with a CUDA/ROCm torch. Timed
 the way the tuner times jitops (per-call events, L2 flushed before each call), so the columns
 compare. fp32 problems are timed with TF32 off (torch lets cuDNN use TF32 for convolutions by
-default; jitops' fp32 kernels round nothing to TF32). Problems are read through their inputs() and a few attribute names; an op whose problem
-this does not understand gets no vendor time rather than a wrong one.
+default; jitops' fp32 kernels round nothing to TF32). Which torch call stands for an op is the op's
+REGISTRATION.vendor (the torch_<op> builders below); a builder reads the problem through its
+inputs() and a few attribute names, and an op without one, or whose problem it does not
+understand, gets no vendor time rather than a wrong one.
 """
 from __future__ import annotations
 
