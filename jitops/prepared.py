@@ -22,7 +22,7 @@ from .errors import ArgumentError
 from .fastcall import BoundCall
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule
-from .records import store as record_store
+from .records import plan_failure, store as record_store
 from .runtime.base import Backend, Kernel, PackedArgs
 
 log = logging.getLogger("jitops.engine")
@@ -46,16 +46,6 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
             return found
         log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), failure)
     return op.heuristic(problem, device), "heuristic"
-
-
-def plan_failure(op: ModuleType, problem: Any, schedule: Schedule, device: DeviceInfo) -> str | None:
-    """Why a recorded schedule no longer plans for this problem (a record from another jitops
-    version may name parameters the op no longer takes), or None when it does."""
-    try:
-        op.plan(problem, schedule, device)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 # ---------------------------------------------------------------- prepared plans

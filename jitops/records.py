@@ -62,6 +62,17 @@ def is_valid(r: Any) -> bool:
     return isinstance(s, dict) and isinstance(s.get("algorithm"), str) and isinstance(s.get("params", {}), dict)
 
 
+def plan_failure(op: Any, problem: Any, schedule: Schedule, device: DeviceInfo) -> str | None:
+    """Why a recorded schedule no longer plans for this problem (a record from another jitops
+    version may name parameters the op no longer takes), or None when it does. The one check both
+    the engine (select_schedule) and the tuner (from_record) apply before trusting a record."""
+    try:
+        op.plan(problem, schedule, device)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The valid records of a file; [] (with a warning) for a missing-format or unreadable file."""
     try:

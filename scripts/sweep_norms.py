@@ -1,6 +1,8 @@
 """Sweep schedules of the normalization ops on a GPU: for each benchmark problem, many
-schedules (strategy, threads per row, vectors per thread, statistics, streaming, grid cap), each
-checked against float64 first, timed by CUDA-graph replay; torch timed the same way.
+schedules (strategy, threads per row, vectors per thread, statistics, streaming, grid cap). The
+measurement is the tuner's (jitops.tuning.sweep.measure_schedules: each schedule checked against
+float64, then timed per call behind an L2 flush, interleaved); torch is timed the same way
+(jitops.tuning.vendor). This script only chooses the schedules and prints.
 
   python3 scripts/sweep_norms.py [--ops group_norm,layer_norm] [--budget 150] [--json out.json]
 
@@ -10,25 +12,23 @@ and the best schedule found, with GB/s and % of a device copy.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import time
 from typing import Any
 
 import jitops
 from jitops.bench import make_context
-from jitops.bench import batch_norm as bench_bn
-from jitops.bench import group_norm as bench_gn
-from jitops.bench import layer_norm as bench_ln
-from jitops.bench import rms_norm as bench_rms
-from jitops.bench.layer_norm import call, torch_inputs, torch_reference
 from jitops.bench.timing import copy_bandwidth_gbs
 from jitops.errors import ScheduleError
-from jitops.ops import get_op
+from jitops.ops import bench_module, get_op
 from jitops.ops.base import ITEMSIZE, Schedule, ceil_div
 from jitops.ops.norm_common import row_heuristic, vector_width
+from jitops.tuning.sweep import measure_schedules
+from jitops.tuning.tuner import TIMING_METHOD
+from jitops.tuning.vendor import vendor_us
 
 PIPELINE = False     # --pipeline: every shape x grid size x prefetch for the on-chip kernels
-BENCH = {"batch_norm": bench_bn, "group_norm": bench_gn, "layer_norm": bench_ln, "rms_norm": bench_rms}
 
 
 def row_schedules(problem: Any, device: Any) -> list[Schedule]:
@@ -114,76 +114,49 @@ def main() -> None:
     global PIPELINE
     PIPELINE = args.pipeline
     ctx = make_context(quick=False, algorithms="heuristic")
-    torch = ctx.torch
-    timer = ctx.timer
-    copy = copy_bandwidth_gbs(timer)
-    device = jitops.get_backend().device
-    print(f"{device.name}: copy {copy:.0f} GB/s", flush=True)
+    copy = copy_bandwidth_gbs(ctx.timer)
+    backend = jitops.get_backend()
+    device = backend.device
+    print(f"{device.name}: copy {copy:.0f} GB/s; times: {TIMING_METHOD}", flush=True)
     t_end = time.time() + args.budget
     results, summary = [], []
     for op_name in args.ops.split(","):
         op = get_op(op_name)
-        for label, problem in BENCH[op_name].problems(ctx):
+        for label, problem in importlib.import_module(bench_module(op_name)).problems(ctx):
             if args.only and not any(k and k in label for k in args.only.split(",")):
                 continue
-            ins = torch_inputs(ctx, op_name, problem)
-            ref = torch_reference(op_name, problem, ins)
-            scale = float(ref.abs().max())
-            out = torch.empty(problem.shape, device=bench_ln.DEVICE, dtype=getattr(torch, problem.dtype))
             nbytes = op.bytes_moved(problem)
-            torch_us = timer.graph_us(lambda: _torch_call(torch, op_name, problem, ins), n=20, trials=3)
+            torch_us = vendor_us(op_name, problem, backend)
             scheds = row_schedules(problem, device) if op_name != "batch_norm" else bn_schedules(problem, device)
             if time.time() > t_end:
                 scheds = scheds[:1]
             rows = []
-            for k, s in enumerate(scheds):
-                try:
-                    out.fill_(float("nan"))
-                    call(op_name, problem, ins, out=out, schedule=s)
-                    err = float((out.double() - ref).abs().max()) / scale
-                    tol = op.tolerance(problem, s)[0]
-                    if not err <= tol:
-                        raise AssertionError(f"error {err:.3g} > {tol:.3g}")
-                    us = timer.graph_us(lambda: call(op_name, problem, ins, out=out, schedule=s), n=20, trials=3)
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    print(f"  FAIL {op_name} {label} {s}: {str(exc)[:300]}", flush=True)
+            for k, m in enumerate(measure_schedules(op, problem, scheds, backend, reps=20)):
+                if m.time_us is None:
+                    print(f"  FAIL {op_name} {label} {m.schedule}: {m.detail[:300]}", flush=True)
                     continue
-                gbs = nbytes / (us * 1e-6) / 1e9
-                rows.append((us, s, err))
-                results.append({"op": op_name, "problem": label, "schedule": s.as_dict(), "us": us,
-                                "gbs": gbs, "pct_copy": 100 * gbs / copy, "error": err, "heuristic": k == 0,
+                gbs = nbytes / (m.time_us * 1e-6) / 1e9
+                rows.append((m.time_us, m.schedule, m.max_error, k == 0))
+                results.append({"op": op_name, "problem": label, "schedule": m.schedule.as_dict(), "us": m.time_us,
+                                "gbs": gbs, "pct_copy": 100 * gbs / copy, "error": m.max_error, "heuristic": k == 0,
                                 "torch_us": torch_us})
-                print(f"  {op_name:10} {label:30} {us:9.2f} us {100 * gbs / copy:5.1f}% {'H' if k == 0 else ' '} {s}",
-                      flush=True)
-            del ref
-            if not rows:
-                continue
-            heur = rows[0] if rows[0][1] == scheds[0] else None
-            best = min(rows, key=lambda r: r[0])
-            summary.append((op_name, label, torch_us, heur, best, nbytes))
+                print(f"  {op_name:10} {label:30} {m.time_us:9.2f} us {100 * gbs / copy:5.1f}% "
+                      f"{'H' if k == 0 else ' '} {m.schedule}", flush=True)
+            if rows:
+                heur = rows[0] if rows[0][3] else None
+                summary.append((op_name, label, torch_us, heur, min(rows, key=lambda r: r[0]), nbytes))
     print(f"\n{'op':10} {'problem':30} {'torch us':>9} {'heur us':>9} {'%copy':>6} {'x torch':>7} {'best us':>9} "
           f"{'%copy':>6}  best schedule")
     for op_name, label, tus, heur, best, nbytes in summary:
         def pct(us: float) -> float:
             return 100 * nbytes / (us * 1e-6) / 1e9 / copy
         hus = heur[0] if heur else float("nan")
-        print(f"{op_name:10} {label:30} {tus:9.2f} {hus:9.2f} {pct(hus):6.1f} {tus / hus:7.2f} {best[0]:9.2f} "
-              f"{pct(best[0]):6.1f}  {best[1]}")
+        print(f"{op_name:10} {label:30} {tus or float('nan'):9.2f} {hus:9.2f} {pct(hus):6.1f} "
+              f"{(tus or float('nan')) / hus:7.2f} {best[0]:9.2f} {pct(best[0]):6.1f}  {best[1]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device.name, "copy_gbs": copy, "results": results}, f, indent=1)
-
-
-def _torch_call(torch: Any, op_name: str, problem: Any, ins: dict) -> Any:
-    F = torch.nn.functional
-    if op_name == "batch_norm":
-        y = F.batch_norm(ins["x"], ins["mean"], ins["var"], ins["gamma"], ins["beta"], training=False, eps=problem.eps)
-        return F.relu(y) if problem.activation == "relu" else y
-    if op_name == "group_norm":
-        return F.group_norm(ins["x"], problem.groups, ins["gamma"], ins["beta"], problem.eps)
-    if op_name == "layer_norm":
-        return F.layer_norm(ins["x"], problem.normalized_shape, ins["gamma"], ins["beta"], problem.eps)
-    return F.rms_norm(ins["x"], problem.normalized_shape, ins["gamma"], problem.eps)
+            json.dump({"device": device.name, "copy_gbs": copy, "timing": TIMING_METHOD, "results": results}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -204,10 +204,13 @@ def test_shapes_and_kinds(emu, rng):
                                                                   stats="two_pass")), "two_pass"),
 ])
 def test_errors(call, match):
-    x = np.ones((3, 16), np.float32)
-    g = np.ones(16, np.float32)
+    assert_refused(call, match)
+
+
+def assert_refused(call, match):
+    """call(x, gamma) on a (3, 16) float32 input raises a JitopsError matching `match`."""
     with pytest.raises(jitops.JitopsError, match=match):
-        call(x, g)
+        call(np.ones((3, 16), np.float32), np.ones(16, np.float32))
 
 
 # ---- bfloat16 (issue 18): tolerances from bf16's 8 significant bits (norm_common.row_tolerance)

@@ -127,6 +127,23 @@ def test_failing_candidates_never_win(cpu, isolated):
     assert all(u["schedule"]["algorithm"] in ("vectorized", "naive") for u in rec["runners_up"])
 
 
+def test_measure_schedules_checks_then_times(cpu):
+    """The sweeps' measurement (tuning.sweep): wrong and unplannable schedules get no time and say why."""
+    from jitops.tuning.sweep import measure_schedules, remeasure
+    op = _fake_op()
+    problem = op.make_problem({"x": TensorSpec((8192,), "float32")}, {"alpha": 0.1})
+    scheds = [LR.heuristic(problem, cpu.device), LR.heuristic(problem, cpu.device, "naive"),
+              Schedule.make("fast_wrong"), Schedule.make("unplannable")]
+    good, naive, wrong, unplannable = measure_schedules(op, problem, scheds, cpu, reps=5)
+    for m in (good, naive):
+        assert m.time_us is not None and m.time_us > 0 and m.max_error is not None and m.max_error <= 1e-6, m
+    assert wrong.time_us is None and wrong.max_error is not None and "nan" in wrong.detail.lower()
+    assert unplannable.time_us is None and "does not apply" in unplannable.detail
+    times = remeasure(op, problem, scheds[1:], cpu, reps=5)
+    assert 0 < times[0] < float("inf") and 0 < times[1] < float("inf")   # unchecked: the wrong one is timed too
+    assert times[2] == float("inf")
+
+
 def test_no_record_when_nothing_passes(cpu, isolated):
     op = _fake_op()
     op.candidates = lambda problem, device: [Schedule.make("fast_wrong")]

@@ -13,7 +13,6 @@ import logging
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -23,12 +22,20 @@ from .timing import Timer, copy_bandwidth_gbs
 
 log = logging.getLogger("jitops.bench")
 
+
 def bench_ops() -> list[str]:
-    """Ops with a bench module here (bench/<op>.py), in the registry's order (ops.OP_MODULES):
-    a new op's bench module is found by its name, never left out of a list."""
-    from ..ops import op_names
-    here = Path(__file__).resolve().parent
-    return [op for op in op_names() if (here / f"{op}.py").is_file()]
+    """Ops with a benchmark, in the registry's order (derived from jitops.ops: each op's
+    REGISTRATION.bench, by default bench/<op>.py), so a new op's benchmark is never left out."""
+    from ..ops import bench_ops as registered
+    return registered()
+
+
+def _bench_module(op: str) -> str:
+    from ..ops import bench_module
+    name = bench_module(op)
+    if name is None:
+        raise ValueError(f"{op} declares no bench module (REGISTRATION.bench is None)")
+    return name
 
 
 @dataclass
@@ -156,7 +163,7 @@ def run(ops: Iterable[str] | None = None, quick: bool = False, json_path: str | 
     rows: list[Row] = []
     extras: dict[str, Any] = {}
     for op in ops or bench_ops():
-        module = importlib.import_module(f"{__name__}.{op}")
+        module = importlib.import_module(_bench_module(op))
         for case in module.cases(ctx):
             try:
                 row = run_case(case, ctx, copy_gbs)

@@ -184,9 +184,9 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     return nodes
 
 
-_FORMAL_INPUTS = {"conv2d": ["X", "W", "B", "R"], "batch_norm": ["X", "scale", "B", "mean", "var"],
-                  "group_norm": ["X", "scale", "B"], "layer_norm": ["X", "scale", "B"], "rms_norm": ["X", "scale"],
-                  "leaky_relu": ["X"]}
+# The function's formal input names, by jitops input name (ONNX's own spellings where it has one).
+_FORMAL = {"x": "X", "w": "W", "bias": "B", "gamma": "scale", "beta": "B", "mean": "mean", "var": "var",
+           "q": "Q", "k": "K", "v": "V", "mask": "mask", "residual": "R"}
 _BODIES: dict[str, Callable[[OpType, int], list[Any]]] = {
     "conv2d": _conv, "batch_norm": _batch_norm, "group_norm": _group_norm, "layer_norm": _layer_norm,
     "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
@@ -197,8 +197,7 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     (`attention_op`: the attention nodes of this type replaced ONNX Attention-23 nodes)."""
     from onnx import helper
     t = OP_TYPES[type_name]
-    inputs = (_FORMAL_INPUTS[t.op][:len(t.inputs)] if t.op in _FORMAL_INPUTS
-              else ["Q", "K", "V"] + (["mask"] if "mask" in t.inputs else []))
+    inputs = [_FORMAL[n] for n in t.inputs]
     body = _attention(t, opset, attention_op) if t.op == "attention" else _BODIES[t.op](t, opset)
     return helper.make_function(DOMAIN, t.name, inputs, ["Y"], body,
                                 [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],

@@ -338,8 +338,10 @@ MATCHERS: dict[str, Matcher] = {
     "InstanceNormalization": match_decomposed_group_norm,
 }
 
-# ONNX op type -> the jitops op that runs it (for the `ops=` filter).
-ONNX_TO_OP = {"Conv": "conv2d", "BatchNormalization": "batch_norm", "GroupNormalization": "group_norm",
-              "LayerNormalization": "layer_norm", "RMSNormalization": "rms_norm", "LeakyRelu": "leaky_relu",
-              "Attention": "attention", "Softmax": "attention", "ReduceMean": "layer_norm", "Pow": "rms_norm",
-              "Mul": "rms_norm", "InstanceNormalization": "group_norm"}
+
+
+def onnx_to_op() -> dict[str, str]:
+    """ONNX op type -> the jitops op that runs it (for the `ops=` filter): derived from the ops'
+    REGISTRATION.onnx; tests/test_registry.py checks it names exactly the types MATCHERS serves."""
+    from ..ops import onnx_ops
+    return onnx_ops()

@@ -17,11 +17,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ArgumentError, JitopsError
-from ..ops import get_op, op_names
+from ..ops import get_op
 from ..ops.base import TensorSpec
 from .graph import GraphView, load_model
 from .layout import plan_nhwc
-from .matchers import MATCHERS, ONNX_DOMAINS, ONNX_TO_OP, Candidate, Namer, Rejection
+from .matchers import MATCHERS, ONNX_DOMAINS, Candidate, Namer, Rejection, onnx_to_op
 from .optypes import OP_TYPES
 
 log = logging.getLogger("jitops.onnx")
@@ -85,12 +85,13 @@ def _wanted_ops(ops: Iterable[str] | None) -> set[str] | None:
     if isinstance(ops, str):
         ops = [ops]
     known = {t.op for t in OP_TYPES.values()}
+    table = onnx_to_op()
     out = set()
     for o in ops:
-        name = ONNX_TO_OP.get(o, o)
+        name = table.get(o, o)
         if name not in known:
             raise ValueError(f"ops: '{o}' is neither a jitops op ({', '.join(sorted(known))}) "
-                             f"nor a supported ONNX op ({', '.join(sorted(ONNX_TO_OP))})")
+                             f"nor a supported ONNX op ({', '.join(sorted(table))})")
         out.add(name)
     return out
 
@@ -122,8 +123,6 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     if not reason:
         reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
     problem, attrs = None, {}
-    if not reason and t.op not in op_names():
-        reason = f"jitops op '{t.op}' is not available in this build"
     if not reason:
         try:
             attrs = t.op_attrs(cand.attrs, {n: s.shape for n, s in specs.items() if s is not None})
@@ -243,13 +242,14 @@ def map_nodes(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
     taken: set[int] = set()
     order = {id(n): i for i, n in enumerate(proto.graph.node)}
     out: list[NodeProblem] = []
+    table = onnx_to_op()
     for node in proto.graph.node:
         matcher = MATCHERS.get(node.op_type)
         if matcher is None or node.domain not in ONNX_DOMAINS or id(node) in taken:
             if node.domain in ONNX_DOMAINS:
                 out.extend(_in_subgraphs(node, wanted))
             continue
-        if wanted is not None and ONNX_TO_OP[node.op_type] not in wanted:
+        if wanted is not None and table[node.op_type] not in wanted:
             continue
         try:
             picked = _pick(view, node, fuse, namer, order, taken)
@@ -298,7 +298,7 @@ def _in_subgraphs(node: Any, wanted: set[str] | None) -> list[NodeProblem]:
         for g in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else []):
             for inner in g.node:
                 if inner.op_type in _REPORTED_IN_SUBGRAPHS and inner.domain in ONNX_DOMAINS and (
-                        wanted is None or ONNX_TO_OP[inner.op_type] in wanted):
+                        wanted is None or onnx_to_op()[inner.op_type] in wanted):
                     found.append(_rejected(Rejection([inner], inner.op_type, f"inside the {a.name} subgraph of "
                                                      f"{node.op_type} '{_node_id(node)}' (subgraphs are not "
                                                      f"rewritten)")))
@@ -307,7 +307,7 @@ def _in_subgraphs(node: Any, wanted: set[str] | None) -> list[NodeProblem]:
 
 
 def _rejected(r: Rejection) -> NodeProblem:
-    op = ONNX_TO_OP.get(r.onnx_op, "")
+    op = onnx_to_op().get(r.onnx_op, "")
     return NodeProblem(nodes=tuple(_node_id(n) for n in r.nodes), onnx_ops=tuple(n.op_type for n in r.nodes),
                        op_type="", op=op, inputs={}, attrs={}, problem=None, reason=r.reason, covered=list(r.nodes))
 

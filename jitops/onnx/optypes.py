@@ -93,11 +93,8 @@ def _trailing(a: Mapping[str, Any], shapes: Mapping[str, Any]) -> tuple[int, ...
     return x[axis:]
 
 
-def _layer_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
-    return {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
-
-
-def _rms_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+def _row_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
+    """layer_norm and rms_norm: the dims from `axis` on are normalized."""
     return {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
 
 
@@ -110,8 +107,9 @@ def _attention(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> di
     return {"causal": bool(int(a.get("is_causal", 0))), "scale": None if scale is None else float(scale)}
 
 
-_CONVERT = {"conv2d": _conv, "batch_norm": _batch_norm, "group_norm": _group_norm, "layer_norm": _layer_norm,
-            "rms_norm": _rms_norm, "leaky_relu": _leaky_relu, "attention": _attention}
+# jitops op -> attribute conversion (tests/test_registry.py: one for every op a node type names)
+_CONVERT = {"conv2d": _conv, "batch_norm": _batch_norm, "group_norm": _group_norm, "layer_norm": _row_norm,
+            "rms_norm": _row_norm, "leaky_relu": _leaky_relu, "attention": _attention}
 
 _CONV_ATTRS = (Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints"), Attr("group", "int", 1))
 _BN_INPUTS = ("x", "gamma", "beta", "mean", "var")   # ONNX order: X, scale, B, input_mean, input_var

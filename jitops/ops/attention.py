@@ -18,6 +18,13 @@ __all__ = ["NAME", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_
            "reference", "random_inputs", "tolerance", "bytes_moved", "flops"]
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(tuning_problems="jitops.tuning.shipped:attention_problems",
+                            vendor="jitops.tuning.vendor:torch_attention", onnx=("Attention", "Softmax"))
+
+
 def bytes_moved(problem: AttentionProblem) -> int:
     return problem.bytes_moved()
 

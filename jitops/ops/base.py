@@ -164,6 +164,23 @@ class Plan:
     prepare: tuple[Launch, ...] = ()
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What jitops derives from an op beyond its functions, declared in the op module as
+    `REGISTRATION = Registration(...)` (jitops.ops reads it; a module without one gets the defaults).
+
+    References to code outside jitops/ops are "module:attribute" strings, so an op module imports
+    no bench, tuning or ONNX code; tests/test_registry.py resolves every one of them.
+    """
+
+    bench: str | None = ""      # bench module with cases(ctx): "" = jitops.bench.<op>, None = no benchmark
+    tuning_problems: str = ""   # "module:fn", fn() -> [(name, problem)] the shipped schedules are tuned on;
+                                # "" = the bench module's problems(ctx) on a GPU, which then yields (name, problem)
+    vendor: str = ""            # "module:fn", fn(problem, torch tensors, torch) -> call: the vendor op the tuner
+                                # times beside jitops; "" = none
+    onnx: tuple[str, ...] = ()  # standard ONNX op types jitops.onnx maps onto this op (each needs a matcher there)
+
+
 class Problem(Protocol):
     """A validated op instance: shapes, dtypes and attributes. Hashable."""
 
@@ -177,6 +194,7 @@ class OpModule(Protocol):
 
     NAME: str
     INPUTS: tuple[str, ...]         # positional tensor inputs, in order (optional ones may be None)
+    REGISTRATION: Registration      # optional: benchmark, tuning problems, vendor op, ONNX types
 
     def make_problem(self, inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> Problem: ...
     def parse_problem(self, spec: Mapping[str, str]) -> Problem: ...

@@ -31,6 +31,12 @@ ACTIVATIONS = (None, "relu", "leaky_relu")
 PARAMS = ("mean", "var", "gamma", "beta")
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_batch_norm", onnx=("BatchNormalization",))
+
+
 @dataclass(frozen=True)
 class BatchNormProblem:
     shape: tuple[int, ...]

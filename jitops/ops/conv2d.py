@@ -27,6 +27,13 @@ __all__ = ["NAME", "INPUTS", "ALGORITHMS", "Conv2dProblem", "make_problem", "par
 applicable = schedules.applicable
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(tuning_problems="jitops.tuning.shipped:conv2d_problems",
+                            vendor="jitops.tuning.vendor:torch_conv2d", onnx=("Conv",))
+
+
 def heuristic(problem: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
     return schedules.heuristic(problem, device, algorithm)
 

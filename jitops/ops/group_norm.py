@@ -30,6 +30,13 @@ INPUTS = ("x", "gamma", "beta")
 LAYOUT_INPUTS = ("x",)
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_group_norm",
+                            onnx=("GroupNormalization", "InstanceNormalization"))
+
+
 @dataclass(frozen=True)
 class GroupNormProblem:
     shape: tuple[int, ...]

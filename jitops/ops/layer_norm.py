@@ -1,105 +1,40 @@
 """layer_norm: y = (x - mean) / sqrt(var + eps) * gamma + beta over the trailing dims.
 
 fp32, fp16 or bf16 input, fp32 statistics; gamma/beta optional, shaped like `normalized_shape`, in
-the input's dtype or float32. The row scheduler (norm_common) picks warp / block / stream /
+the input's dtype or float32. One implementation with rms_norm (norm_trailing); the
+row scheduler (norm_common) picks warp / block / stream /
 split kernels and the statistics; `naive` is the baseline.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
-
-import numpy as np
 
 from ..device import DeviceInfo
-from ..errors import ArgumentError
-from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_args import check_eps, check_input, normalized_dims, param_dtype, prod, require_tensor
-from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
+from .base import Registration, Schedule, TensorSpec
+from .norm_common import row_heuristic
+# The op functions: one implementation for layer_norm and rms_norm.
+from .norm_trailing import (TrailingNormProblem, bytes_moved, candidates, heuristic, plan,
+                            random_inputs, reference, tolerance)
 
 NAME = "layer_norm"
 INPUTS = ("x", "gamma", "beta")
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+REGISTRATION = Registration(vendor="jitops.tuning.vendor:torch_layer_norm", onnx=("LayerNormalization", "ReduceMean"))
+
+
 @dataclass(frozen=True)
-class LayerNormProblem:
-    shape: tuple[int, ...]
-    dtype: str
-    normalized_shape: tuple[int, ...]
-    ptype: str
-    has_gamma: bool
-    has_beta: bool
-    eps: float
-
-    @property
-    def rows(self) -> int:
-        return prod(self.shape[:len(self.shape) - len(self.normalized_shape)])
-
-    @property
-    def length(self) -> int:
-        return prod(self.normalized_shape)
-
-    def inputs(self) -> dict[str, TensorSpec]:
-        out = {"x": TensorSpec(self.shape, self.dtype)}
-        if self.has_gamma:
-            out["gamma"] = TensorSpec(self.normalized_shape, self.ptype)
-        if self.has_beta:
-            out["beta"] = TensorSpec(self.normalized_shape, self.ptype)
-        return out
-
-    def outputs(self) -> dict[str, TensorSpec]:
-        return {"y": TensorSpec(self.shape, self.dtype)}
-
-    def key(self) -> str:
-        # Rows x length is all the kernels see: (8, 512, 1024) and (4096, 1024) share records.
-        flat = {n: (TensorSpec((self.rows, self.length), s.dtype) if n == "x" else s) for n, s in self.inputs().items()}
-        return problem_key(NAME, flat, {"eps": self.eps})
-
-    def row_spec(self) -> RowSpec:
-        return RowSpec(NAME, "layer", self.rows, self.length, self.dtype, self.ptype, self.has_gamma,
-                       self.has_beta, self.eps)
-
-    def bytes_moved(self) -> int:
-        params = (self.has_gamma + self.has_beta) * self.length * ITEMSIZE[self.ptype]
-        return 2 * self.rows * self.length * ITEMSIZE[self.dtype] + params
+class LayerNormProblem(TrailingNormProblem):
+    NAME = NAME
+    KIND = "layer"
+    PARAMS = ("gamma", "beta")
+    EPS = 1e-5
 
 
-def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, Any]) -> LayerNormProblem:
-    x = require_tensor(NAME, "x", inputs.get("x"))
-    check_input(NAME, x, 1)
-    dims = normalized_dims(NAME, attrs.get("normalized_shape"), x)
-    gamma, beta = inputs.get("gamma"), inputs.get("beta")
-    ptype = param_dtype(NAME, {"gamma": gamma, "beta": beta}, dims, x)
-    eps = check_eps(NAME, attrs.get("eps", 1e-5))
-    return LayerNormProblem(tuple(int(s) for s in x.shape), x.dtype, dims, ptype, gamma is not None,
-                            beta is not None, eps)
-
-
-def parse_problem(spec: Mapping[str, str]) -> LayerNormProblem:
-    """CLI: x=4096x4096 [normalized_shape=4096] [dtype=float16] [affine=false] [eps=1e-5]."""
-    extra = set(spec) - {"x", "normalized_shape", "dtype", "affine", "eps", "ptype"}
-    if extra:
-        raise ArgumentError(sorted(extra)[0], "one of x, normalized_shape, dtype, ptype, affine, eps", op=NAME)
-    shape = parse_shape(spec.get("x", "4096x4096"))
-    dims = parse_value(spec.get("normalized_shape", str(shape[-1])))
-    dtype = spec.get("dtype", "float32")
-    affine = parse_value(spec.get("affine", "true")) is True
-    dims_t = tuple(dims) if isinstance(dims, tuple) else (dims,)
-    p = TensorSpec(dims_t, spec.get("ptype", dtype)) if affine else None
-    return make_problem({"x": TensorSpec(shape, dtype), "gamma": p, "beta": p},
-                        {"normalized_shape": dims, "eps": float(spec.get("eps", 1e-5))})
-
-
-def heuristic(problem: LayerNormProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
-    return row_heuristic(problem.row_spec(), device, algorithm)
-
-
-def candidates(problem: LayerNormProblem, device: DeviceInfo) -> list[Schedule]:
-    return row_candidates(problem.row_spec(), device)
-
-
-def plan(problem: LayerNormProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
-    return row_plan(problem.row_spec(), schedule, device, "y")
+make_problem = LayerNormProblem.make
+parse_problem = LayerNormProblem.parse
 
 
 def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
@@ -138,27 +73,5 @@ def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
     return out
 
 
-def reference(problem: LayerNormProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    y = layer_reference(inputs["x"], problem.rows, problem.length, problem.eps, rms=False)
-    if problem.has_gamma:
-        y = y * np.asarray(inputs["gamma"], np.float64).reshape(1, -1)
-    if problem.has_beta:
-        y = y + np.asarray(inputs["beta"], np.float64).reshape(1, -1)
-    return {"y": y.reshape(problem.shape)}
-
-
-def random_inputs(problem: LayerNormProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = {"x": (rng.standard_normal(problem.shape) * 2.0 + 0.5).astype(problem.dtype)}
-    if problem.has_gamma:
-        out["gamma"] = (1.0 + 0.5 * rng.standard_normal(problem.normalized_shape)).astype(problem.ptype)
-    if problem.has_beta:
-        out["beta"] = rng.standard_normal(problem.normalized_shape).astype(problem.ptype)
-    return out
-
-
-def tolerance(problem: LayerNormProblem, schedule: Schedule) -> tuple[float, float]:
-    return row_tolerance(problem.dtype, schedule.algorithm, schedule.get("stats"))
-
-
-def bytes_moved(problem: LayerNormProblem) -> int:
-    return problem.bytes_moved()
+__all__ = ["NAME", "INPUTS", "REGISTRATION", "LayerNormProblem", "make_problem", "parse_problem", "heuristic",
+           "candidates", "plan", "variants", "reference", "random_inputs", "tolerance", "bytes_moved"]

@@ -27,6 +27,13 @@ ALGORITHMS = ("vectorized", "naive")
 TEMPLATES = {"naive": "leaky_relu/naive.hip.j2", "vectorized": "leaky_relu/vectorized.hip.j2"}
 
 
+# ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
+# docs/adding_an_op.md). jitops.ops derives every list of ops from it.
+from .base import Registration  # noqa: E402
+REGISTRATION = Registration(tuning_problems="jitops.tuning.shipped:leaky_relu_problems",
+                            vendor="jitops.tuning.vendor:torch_leaky_relu", onnx=("LeakyRelu",))
+
+
 @dataclass(frozen=True)
 class LeakyReluProblem:
     shape: tuple[int, ...]

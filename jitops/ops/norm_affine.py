@@ -7,8 +7,6 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, ITEMSIZE, Buf, Launch, Scalar, ceil_div, index_type
 
-MAX_THREADS_PER_SM = 2048
-
 
 def affine_launch(kernel: str, dtype: str, numel: int, plane: int, nparams: int, device: DeviceInfo, *,
                   vec: int, unroll: int, block: int, per_plane: bool, coef: str, out: str,

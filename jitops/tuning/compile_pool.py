@@ -200,3 +200,34 @@ class CompilePool:
             self.expected_keys = False
         return CompileOutcome(job.key, "ok" if reply.get("ok") else "failed", float(reply.get("seconds", 0.0)),
                               reply.get("origin", ""), reply.get("error", ""), reply.get("resources", {}))
+
+
+# ---------------------------------------------------------------- the tuner's compile phase
+
+def _in_cache(key: str) -> bool:
+    from ..cache import loader
+    ld = loader()
+    return ld.disk_enabled and ld.disk.get(key) is not None
+
+
+def compile_missing(jobs: list[CompileJob], backend: Any, workers: int | None, timeout_s: float,
+                    deadline: float | None, progress: bool | None = None) -> dict[str, CompileOutcome]:
+    """Compile the jobs whose binaries are not in the disk cache yet, in worker processes."""
+    from ..cache import loader
+    from .progress import bar
+    todo = [j for j in jobs if not _in_cache(j.key)]
+    if not todo:
+        return {}
+    if not loader().disk_enabled:
+        log.warning("disk cache disabled (JITOPS_NO_DISK_CACHE): compiling %d kernels in this process, "
+                    "serially and without a time limit", len(todo))
+        return {}
+    log.info("compiling %d kernels (%d already cached) in %d workers", len(todo), len(jobs) - len(todo),
+             min(len(todo), workers or default_workers()))
+    with bar(total=len(todo), desc="compile", unit="kernel", enable=progress) as pb, \
+            CompilePool(backend, workers, timeout_s) as pool:
+        def done(o: CompileOutcome) -> None:
+            pb.update(1)
+            if not o.ok:
+                log.info("compile %s: %s", o.status, o.error.splitlines()[0] if o.error else "")
+        return pool.run(todo, deadline=deadline, on_done=done)

@@ -2,18 +2,25 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from .tuner import TuneResult
+if TYPE_CHECKING:
+    from .tuner import TuneResult
 
 
 def _us(v: float | None) -> str:
     return "-" if v is None else (f"{v:.1f}" if v >= 100 else f"{v:.2f}")
 
 
+def describe(problem: Any) -> str:
+    """The problem's own description where it has one, else its key."""
+    d = getattr(problem, "describe", None)
+    return d() if callable(d) else problem.key()
+
+
 def short_problem(problem: Any, width: int = 52) -> str:
     d = getattr(problem, "describe", None)
-    text = d() if callable(d) else problem.key().split(":", 1)[-1]
+    text = describe(problem) if callable(d) else problem.key().split(":", 1)[-1]
     return text if len(text) <= width else text[:width - 1] + "~"
 
 

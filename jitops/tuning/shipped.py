@@ -3,8 +3,8 @@
     python -m jitops.tuning.shipped --export schedules/sm_90.json            # on the GPU
     python -m jitops.tuning.shipped --ops leaky_relu,conv2d --budget 300
 
-Problems are built the way the public functions build them (same attributes, so the same keys
-that calls look up). Ops whose modules are not in this build are left out and named. Problems
+The problems are the benchmark's (each op's REGISTRATION in jitops/ops says where they come from),
+built the way the public functions build them (same keys that calls look up). Problems
 that already have a record measured on this device (user records, or the shipped file when it
 was made on the same kind of GPU) are not measured again unless --force, so a run cut short by
 its budget is completed by running it again; --export writes the shipped file's records of this
@@ -17,72 +17,62 @@ import importlib
 import logging
 import time
 from types import ModuleType, SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
-from ..ops import get_op, op_names
+from ..ops import bench_module, bench_ops, get_op, registration, resolve
 from ..ops.base import TensorSpec
 
 log = logging.getLogger("jitops.tune")
 
-# conv2d: (name, N, Cin, H, W, Cout, k); seed 000 fp32 with padding k//2, seed 002 fp32 + fp16 with padding 1.
-CONV_SEED000 = [("small_1", 1, 3, 64, 64, 16, 3), ("mobilenet_like", 1, 64, 56, 56, 64, 3),
-                ("resnet_block", 1, 64, 56, 56, 128, 1), ("medium", 1, 32, 128, 128, 64, 3),
-                ("large_batch", 8, 64, 128, 128, 128, 3), ("large_spatial", 4, 64, 256, 256, 128, 3),
-                ("very_wide_pointwise", 1, 128, 32, 320, 256, 1), ("1x1_heavy_channels", 1, 512, 16, 16, 512, 1),
-                ("5x5_kernel", 1, 32, 64, 64, 64, 5)]
-CONV_SEED002 = [("k100_1", 16, 128, 64, 64, 27, 3), ("k100_2", 16, 256, 32, 32, 256, 3),
-                ("k100_3", 16, 64, 128, 128, 64, 3), ("k100_4", 2, 1920, 32, 32, 640, 3),
-                ("k100_5", 2, 640, 64, 64, 640, 3), ("k100_6", 2, 320, 64, 64, 4, 3)]
-
-
-def _spec(shape: tuple[int, ...], dtype: str) -> TensorSpec:
-    return TensorSpec(tuple(shape), dtype)
-
-
-def _problems(op: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(name, inputs, attrs) as jitops.<op>() would pass them to make_problem."""
-    if op == "leaky_relu":
-        for dtype in ("float32", "float16"):
-            for k in range(6, 16):
-                yield f"n=4^{k} {dtype}", {"x": _spec((4 ** k,), dtype)}, {"alpha": 0.01}
-    elif op == "conv2d":
-        rows = [(r, "float32", r[6] // 2) for r in CONV_SEED000]
-        rows += [(r, dt, 1) for dt in ("float32", "float16") for r in CONV_SEED002]
-        for (name, n, cin, h, w, cout, k), dtype, pad in rows:
-            yield (f"{name} {dtype}", {"x": _spec((n, cin, h, w), dtype), "w": _spec((cout, cin, k, k), dtype),
-                                       "bias": None},
-                   {"stride": 1, "padding": pad, "dilation": 1, "groups": 1, "activation": None, "alpha": 0.01})
-
-
-# The bench modules' own problem lists (the full GPU set): records tuned here are the ones
+# The bench modules' problem lists as on a GPU (the full set): records tuned here are the ones
 # `jitops bench` looks up.
 _BENCH_SHAPES = SimpleNamespace(on_gpu=True, quick=False)
 
 
-def _bench_problems(op: str) -> list[tuple[str, Any]]:
-    """(name, problem) of `jitops bench --ops op` on a GPU."""
-    bench = importlib.import_module(f"jitops.bench.{op}")
-    if op == "attention":
-        return [(f"{name} {dtype}", bench._problem(q, kv, dtype, causal))
-                for name, q, kv, dtype, causal in bench.problems(_BENCH_SHAPES)]
-    return bench.problems(_BENCH_SHAPES)
+def op_problems(op: str) -> list[tuple[str, Any]]:
+    """(name, problem) the shipped schedules of `op` are tuned on: its REGISTRATION.tuning_problems,
+    else its bench module's problems(ctx) on a GPU."""
+    ref = registration(op).tuning_problems
+    if ref:
+        return list(resolve(ref)())
+    bench = bench_module(op)
+    if bench is None:
+        return []
+    return list(importlib.import_module(bench).problems(_BENCH_SHAPES))
 
 
 def benchmark_problems(ops: list[str] | None = None) -> list[tuple[str, ModuleType, Any]]:
-    """(name, op module, problem) for every benchmark problem whose op is in this build."""
-    present = set(op_names())
-    out = []
-    from ..bench import bench_ops
-    for op in ops or bench_ops():
-        if op not in present:
-            log.warning("%s is not in this build: its benchmark problems are left out", op)
-            continue
-        mod = get_op(op)
-        if op in ("leaky_relu", "conv2d"):
-            out += [(name, mod, mod.make_problem(inputs, attrs)) for name, inputs, attrs in _problems(op)]
-        else:
-            out += [(name, mod, problem) for name, problem in _bench_problems(op)]
-    return out
+    """(name, op module, problem) for every benchmark problem of `ops` (default: every op with a benchmark)."""
+    return [(name, get_op(op), problem) for op in ops or bench_ops() for name, problem in op_problems(op)]
+
+
+# Adapters for bench modules whose problems(ctx) are not (name, problem) pairs; the ops' REGISTRATION
+# points here. Each reads the bench module's own lists (no copies).
+
+def leaky_relu_problems() -> list[tuple[str, Any]]:
+    """Every bench size in float32 and float16 (the bench's bf16 and channels_last rows are left untuned)."""
+    from ..bench import leaky_relu as bench
+    op = get_op("leaky_relu")
+    return [(f"n={_power_of_4(n)} {dtype}", op.make_problem({"x": TensorSpec((n,), dtype)}, {"alpha": bench.ALPHA}))
+            for dtype in ("float32", "float16") for n in bench.sizes(_BENCH_SHAPES)]
+
+
+def _power_of_4(n: int) -> str:
+    k = (n.bit_length() - 1) // 2
+    return f"4^{k}" if 4 ** k == n else str(n)
+
+
+def conv2d_problems() -> list[tuple[str, Any]]:
+    """Every bench problem in float32, the K100 ones in float16 too."""
+    from ..bench import conv2d as bench
+    return [(f"{cp.name} {dtype}", bench.op_problem(cp, dtype)) for dtype in ("float32", "float16")
+            for cp in bench.problems(_BENCH_SHAPES) if dtype == "float32" or cp.k100]
+
+
+def attention_problems() -> list[tuple[str, Any]]:
+    from ..bench import attention as bench
+    return [(f"{name} {dtype}", bench._problem(q, kv, dtype, causal))
+            for name, q, kv, dtype, causal in bench.problems(_BENCH_SHAPES)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import summary_footer, summary_table
     from .tuner import TuneOptions, tune_problems
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", help="comma-separated ops (default: every benchmark op in this build)")
+    p.add_argument("--ops", help="comma-separated ops (default: every op with a benchmark)")
     p.add_argument("--budget", type=float, default=0.0, help="seconds for all of it (0: no limit)")
     p.add_argument("--export", help="write this device's records (all of them, this arch) to this file")
     p.add_argument("--max-candidates", type=int, default=256)

@@ -14,7 +14,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 from ..cache import loader
 from ..device import DeviceInfo
@@ -159,3 +159,25 @@ def apply_compile_outcomes(cands: list[Candidate], outcomes: dict[str, CompileOu
                 break
             if res.get("spill_bytes"):
                 c.detail = f"{launch.kernel} spills {res['spill_bytes']} bytes"
+
+
+def ordered_jobs(spaces: Sequence[list[Candidate]]) -> list[CompileJob]:
+    """Unique jobs: every heuristic first, then candidates round-robin across problems."""
+    seen: set[str] = set()
+    out: list[CompileJob] = []
+
+    def add(c: Candidate) -> None:
+        for j in c.jobs:
+            if j.key not in seen:
+                seen.add(j.key)
+                out.append(j)
+
+    for cands in spaces:
+        if cands and cands[0].status == PENDING:
+            add(cands[0])
+    rest = [[c for c in cands[1:] if c.status == PENDING] for cands in spaces]
+    for i in range(max((len(r) for r in rest), default=0)):
+        for r in rest:
+            if i < len(r):
+                add(r[i])
+    return out

@@ -20,18 +20,18 @@ import math
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from .. import engine
-from ..cache import loader
 from ..errors import JitopsError
 from ..ops.base import Schedule
-from ..prepared import plan_failure
-from ..records import device_key, new_record, store
+from ..records import device_key, new_record, plan_failure, store
 from ..runtime import current_backend
 from . import space
-from .compile_pool import CompileJob, CompileOutcome, CompilePool, default_workers
+from .compile_pool import compile_missing
 from .measure import Loaded, ProblemBench, UnfitSchedule, flush_size, median, timed_warm
+from .report import describe
+from .sweep import remeasure  # noqa: F401  (re-exported: tests and scripts import it from here)
 from .progress import bar
 
 log = logging.getLogger("jitops.tune")
@@ -123,61 +123,7 @@ def from_record(op: ModuleType, problem: Any, backend: Any) -> TuneResult | None
                       f"record ({origin})", record=rec)
 
 
-# ---------------------------------------------------------------- compile
-
-def _ordered_jobs(spaces: Sequence[list[space.Candidate]]) -> list[CompileJob]:
-    """Unique jobs: every heuristic first, then candidates round-robin across problems."""
-    seen: set[str] = set()
-    out: list[CompileJob] = []
-
-    def add(c: space.Candidate) -> None:
-        for j in c.jobs:
-            if j.key not in seen:
-                seen.add(j.key)
-                out.append(j)
-
-    for cands in spaces:
-        if cands and cands[0].status == space.PENDING:
-            add(cands[0])
-    rest = [[c for c in cands[1:] if c.status == space.PENDING] for cands in spaces]
-    for i in range(max((len(r) for r in rest), default=0)):
-        for r in rest:
-            if i < len(r):
-                add(r[i])
-    return out
-
-
-def _in_cache(key: str) -> bool:
-    ld = loader()
-    return ld.disk_enabled and ld.disk.get(key) is not None
-
-
-def compile_all(jobs: list[CompileJob], backend: Any, opts: TuneOptions, deadline: float | None
-                ) -> dict[str, CompileOutcome]:
-    todo = [j for j in jobs if not _in_cache(j.key)]
-    if not todo:
-        return {}
-    if not loader().disk_enabled:
-        log.warning("disk cache disabled (JITOPS_NO_DISK_CACHE): compiling %d kernels in this process, "
-                    "serially and without a time limit", len(todo))
-        return {}
-    log.info("compiling %d kernels (%d already cached) in %d workers", len(todo), len(jobs) - len(todo),
-             min(len(todo), opts.workers or default_workers()))
-    with bar(total=len(todo), desc="compile", unit="kernel", enable=opts.progress) as pb, \
-            CompilePool(backend, opts.workers, opts.compile_timeout_s) as pool:
-        def done(o: CompileOutcome) -> None:
-            pb.update(1)
-            if not o.ok:
-                log.info("compile %s: %s", o.status, o.error.splitlines()[0] if o.error else "")
-        return pool.run(todo, deadline=deadline, on_done=done)
-
-
 # ---------------------------------------------------------------- one problem
-
-def _describe(problem: Any) -> str:
-    d = getattr(problem, "describe", None)
-    return d() if callable(d) else problem.key()
-
 
 def _screen(bench: ProblemBench, cands: list[space.Candidate], opts: TuneOptions, deadline: float | None) -> None:
     """A few timed calls each; a candidate whose first call is 4x slower than the best so far stops there."""
@@ -291,11 +237,11 @@ def tune_candidates(op: ModuleType, problem: Any, cands: list[space.Candidate], 
                 break
             ranked = [c for c in ranked if c.status == space.OK and c not in finalists]
         if not checked_heuristic:
-            log.warning("%s %s: the heuristic schedule %s failed (%s: %s)", op.NAME, _describe(problem),
+            log.warning("%s %s: the heuristic schedule %s failed (%s: %s)", op.NAME, describe(problem),
                         heur.schedule, heur.status, heur.detail)
         if winner is None:
             result.error = "no candidate ran and passed the check"
-            log.error("%s %s: %s", op.NAME, _describe(problem), result.error)
+            log.error("%s %s: %s", op.NAME, describe(problem), result.error)
             return result
         h_us = _final_us(heur) if checked_heuristic else None
         if (h_us is not None and winner is not heur and _final_us(winner) > h_us * (1.0 - opts.min_gain)):
@@ -348,7 +294,7 @@ def _log_failures(op: ModuleType, problem: Any, cands: list[space.Candidate]) ->
         kinds[c.status] = kinds.get(c.status, 0) + 1
         log.info("  %s %s: %s", c.status, c.schedule, (c.detail or "").splitlines()[0] if c.detail else "")
     log.warning("%s %s: %d of %d candidates failed (%s); they count as infinitely slow (details with -v)",
-                op.NAME, _describe(problem), len(failed), len(cands),
+                op.NAME, describe(problem), len(failed), len(cands),
                 ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 
 
@@ -374,7 +320,8 @@ def tune_problems(items: Iterable[tuple[ModuleType, Any]], backend: Any = None,
         spaces[i] = space.build(op, problem, backend, opts.max_candidates)
     if spaces:
         compile_deadline = t0 + 0.6 * opts.budget_s if opts.budget_s else None
-        outcomes = compile_all(_ordered_jobs(list(spaces.values())), backend, opts, compile_deadline)
+        outcomes = compile_missing(space.ordered_jobs(list(spaces.values())), backend, opts.workers,
+                                   opts.compile_timeout_s, compile_deadline, opts.progress)
         for cands in spaces.values():
             space.apply_compile_outcomes(cands, outcomes, backend.device)
     order = list(spaces)
@@ -392,11 +339,11 @@ def tune_problems(items: Iterable[tuple[ModuleType, Any]], backend: Any = None,
             try:
                 results[i] = r = tune_candidates(op, problem, spaces[i], backend, opts, share)
             except Exception as exc:   # the op's reference or inputs, a sticky device error: this problem only
-                log.error("%s %s: tuning failed: %s: %s", op.NAME, _describe(problem), type(exc).__name__, exc)
+                log.error("%s %s: tuning failed: %s: %s", op.NAME, describe(problem), type(exc).__name__, exc)
                 results[i] = r = TuneResult(op.NAME, problem.key(), problem, device_key(backend.device), None, None,
                                             spaces[i][0].schedule, None, "failed",
                                             error=f"{type(exc).__name__}: {exc}"[:300])
-            log.info("%s %s: %s %s us (heuristic %s us) in %.1f s", op.NAME, _describe(problem), r.schedule,
+            log.info("%s %s: %s %s us (heuristic %s us) in %.1f s", op.NAME, describe(problem), r.schedule,
                      _fmt(r.time_us), _fmt(r.heuristic_us), r.seconds)
             if opts.save and r.record:
                 store().put([r.record])     # at once: an interrupted run keeps what it measured
@@ -412,28 +359,10 @@ def tune_problems(items: Iterable[tuple[ModuleType, Any]], backend: Any = None,
 
 def _skipped(op: ModuleType, problem: Any, backend: Any, cands: list[space.Candidate]) -> TuneResult:
     log.warning("%s %s: not tuned, the budget was spent before it (the heuristic stays)", op.NAME,
-                _describe(problem))
+                describe(problem))
     return TuneResult(op.NAME, problem.key(), problem, device_key(backend.device), None, None, cands[0].schedule,
                       None, "skipped", error="tuning budget spent before this problem")
 
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
-
-
-def remeasure(op: ModuleType, problem: Any, schedules: Sequence[Schedule], backend: Any = None,
-              reps: int = 30) -> list[float]:
-    """Median times (us) of `schedules` on this problem, interleaved, measured afresh (to verify a tuning)."""
-    backend = backend or current_backend()
-    bench = ProblemBench(backend, op, problem)
-    try:
-        loaded = [bench.load(s) for s in schedules]
-        samples: list[list[float]] = [[] for _ in schedules]
-        for _ in range(max(1, reps // 5)):
-            for i, lo in enumerate(loaded):
-                samples[i] += bench.time_us(lo, 5, warmup=1)
-        for lo in loaded:
-            bench.release(lo)
-        return [median(s) for s in samples]
-    finally:
-        bench.close()

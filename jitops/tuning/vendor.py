@@ -3,8 +3,10 @@
 Only for the summary table: "where available" means a GPU backend with a CUDA/ROCm torch. Timed
 the way the tuner times jitops (per-call events, L2 flushed before each call), so the columns
 compare. fp32 problems are timed with TF32 off (torch lets cuDNN use TF32 for convolutions by
-default; jitops' fp32 kernels round nothing to TF32). Problems are read through their inputs() and a few attribute names; an op whose problem
-this does not understand gets no vendor time rather than a wrong one.
+default; jitops' fp32 kernels round nothing to TF32). Which torch call stands for an op is the op's
+REGISTRATION.vendor (the torch_<op> builders below); a builder reads the problem through its
+inputs() and a few attribute names, and an op without one, or whose problem it does not
+understand, gets no vendor time rather than a wrong one.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import logging
 import statistics
 from typing import Any, Callable
 
-from ..ops import get_op
+from ..ops import get_op, registration, resolve
 from .measure import flush_size
 
 log = logging.getLogger("jitops.tune")
@@ -29,7 +31,13 @@ def _activation(p: Any, F: Any, y: Any) -> Any:
     return y
 
 
-def _conv2d(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+# The vendor ops the ops' REGISTRATION.vendor names ("jitops.tuning.vendor:torch_<op>").
+
+def torch_leaky_relu(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    return lambda: torch.nn.functional.leaky_relu(t["x"], p.alpha)
+
+
+def torch_conv2d(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
     F = torch.nn.functional
     top, left, bottom, right = p.pad
     x, w, b = t["x"], t["w"], t.get("bias")
@@ -39,14 +47,26 @@ def _conv2d(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
                                               p.groups))
 
 
-def _batch_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+def torch_batch_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
     F = torch.nn.functional
     var = t["var"].abs() + 0.5
     return lambda: _activation(p, F, F.batch_norm(t["x"], t["mean"], var, t.get("gamma"), t.get("beta"),
                                                   training=False, eps=p.eps))
 
 
-def _attention(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+def torch_group_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    return lambda: torch.nn.functional.group_norm(t["x"], p.groups, t.get("gamma"), t.get("beta"), p.eps)
+
+
+def torch_layer_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    return lambda: torch.nn.functional.layer_norm(t["x"], p.normalized_shape, t.get("gamma"), t.get("beta"), p.eps)
+
+
+def torch_rms_norm(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
+    return lambda: torch.nn.functional.rms_norm(t["x"], p.normalized_shape, t.get("gamma"), p.eps)
+
+
+def torch_attention(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
     F = torch.nn.functional
     causal = str(getattr(p, "causal", "none")).lower() not in ("none", "false", "0")
     gqa = getattr(p, "kv_heads", 1) != getattr(p, "heads", 1)
@@ -58,18 +78,10 @@ def _attention(p: Any, t: dict[str, Any], torch: Any) -> Callable[[], Any]:
                                                   scale=p.scale, **kw)
 
 
-BUILDERS: dict[str, Builder] = {
-    "leaky_relu": lambda p, t, torch: (lambda: torch.nn.functional.leaky_relu(t["x"], p.alpha)),
-    "conv2d": _conv2d,
-    "batch_norm": _batch_norm,
-    "group_norm": lambda p, t, torch: (lambda: torch.nn.functional.group_norm(
-        t["x"], p.groups, t.get("gamma"), t.get("beta"), p.eps)),
-    "layer_norm": lambda p, t, torch: (lambda: torch.nn.functional.layer_norm(
-        t["x"], p.normalized_shape, t.get("gamma"), t.get("beta"), p.eps)),
-    "rms_norm": lambda p, t, torch: (lambda: torch.nn.functional.rms_norm(
-        t["x"], p.normalized_shape, t.get("gamma"), p.eps)),
-    "attention": _attention,
-}
+def builder(op: str) -> Builder | None:
+    """The op's vendor builder (its REGISTRATION.vendor), or None when it declares none."""
+    ref = registration(op).vendor
+    return resolve(ref) if ref else None
 
 
 def _strict_fp32(torch: Any, on: bool) -> tuple[bool, bool]:
@@ -98,7 +110,7 @@ def time_torch(fn: Callable[[], Any], torch: Any, flush: int, reps: int = 25) ->
 
 def vendor_us(op: str, problem: Any, backend: Any) -> float | None:
     """The torch equivalent's time on this GPU, or None when there is none to compare with."""
-    build = BUILDERS.get(op)
+    build = builder(op)
     if build is None or backend.name not in ("cuda", "hip"):
         return None
     try:
