@@ -30,6 +30,7 @@ from .norm_common import ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("onchip", "nhwc", "naive")
 SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
+ONCHIP_MIN_BYTES = 1 << 20       # smaller tensors: the two launches (H100 sweep, below)
 STATS_REGISTERS = 72             # per thread, allocated (ptxas, sm_90: 69 for fp16/bf16, 40 for fp32)
 
 
@@ -72,7 +73,11 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
-    if algorithm in (None, "onchip"):
+    # H100, 2026-11-23 (scripts/device_memops2.py, graph replay): the one launch ran 1-10% faster
+    # than the two on the SD-UNet shapes of 1-10 MB, 4-20% slower on the 0.3-0.7 MB ones
+    # (2x1280x8x8, 2x640x16x16 in fp16/bf16); both sit on a ~9 us floor of latency, not bytes.
+    small = problem.bytes_moved() // 2 < ONCHIP_MIN_BYTES
+    if algorithm == "onchip" or (algorithm is None and not small):
         picked = _onchip(problem, device, vec, algorithm, over, why)
         if picked is not None:
             return picked

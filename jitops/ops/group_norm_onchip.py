@@ -86,15 +86,19 @@ def check(problem: Any, device: DeviceInfo, vec: int, threads: int, rows: int, p
     return by, block, chunks, minb
 
 
-def options(problem: Any, device: DeviceInfo, vec: int) -> list[tuple[float, Schedule]]:
-    """Every fitting (threads, rows) with its score: the bytes the busiest multiprocessor moves
-    plus half the partials every block reads at the merge (the L2 side), lower is better."""
+def options(problem: Any, device: DeviceInfo, vec: int) -> list[tuple[tuple, Schedule]]:
+    """Every fitting (threads, rows), best first. H100 sweep (scripts/device_memops2.py,
+    2026-11-23, 8 SD-UNet shapes x fp16/bf16/fp32, graph replay): the fastest were 512-thread
+    blocks with the fewest rows that keep the grid within one block per multiprocessor (1024
+    threads where 512 would need more registers than 64 per thread); 256-thread blocks holding
+    many rows were 5-25% slower. So: grid within the multiprocessors first, then 512, 1024, 256
+    threads, then fewer rows."""
     n, c, hw = problem.shape[0], problem.channels, problem.plane
     itemsize = ITEMSIZE[problem.dtype]
-    out: list[tuple[float, Schedule]] = []
+    out: list[tuple[tuple, Schedule]] = []
     if c % vec:
         return out
-    for threads in (256, 512, 1024):
+    for rank, threads in enumerate((512, 1024, 256)):
         for rows in range(1, MAX_ROWS + 1):
             by, _ = layout(c // vec, device.warp_size, threads)
             ppb = min(by * rows, hw)
@@ -106,8 +110,7 @@ def options(problem: Any, device: DeviceInfo, vec: int) -> list[tuple[float, Sch
                 by, block, chunks, minb = check(problem, device, vec, threads, rows, ppb)
             except ScheduleError:
                 continue
-            per_sm = ceil_div(n * chunks, device.multiprocessors) * ppb * c * itemsize
-            score = per_sm + 0.5 * chunks * problem.groups * 8
+            score = (n * chunks > device.multiprocessors, rank, rows)
             out.append((score, Schedule.make("onchip", vec=vec, threads=threads, rows=rows, pixels_per_block=ppb)))
     return sorted(out, key=lambda t: t[0])
 

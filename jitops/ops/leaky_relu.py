@@ -24,6 +24,7 @@ INPUTS = ("x",)
 LAYOUT_INPUTS = ("x",)      # elementwise: any dense memory format, kept by the output
 DTYPES = FLOAT_DTYPES + ("bfloat16",)
 ALGORITHMS = ("vectorized", "naive")
+TILED_MAX_BYTES = 6 << 20        # tensors up to this size (per side) take the tiled schedule (measured to 5 MB)
 TEMPLATES = {"naive": "leaky_relu/naive.hip.j2", "vectorized": "leaky_relu/vectorized.hip.j2"}
 
 
@@ -90,6 +91,18 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
     if algorithm == "naive":
         return Schedule.make("naive", why="one thread per element (baseline)", block=256)
     vec = 16 // ITEMSIZE[problem.dtype]
+    if problem.bytes_moved() // 2 <= TILED_MAX_BYTES:
+        # H100, 2026-11-23 (scripts/device_memops2.py, graph replay, 16K-2.6M elements, 3 dtypes,
+        # 21 schedules each): torch's geometry in contiguous tiles per block was the best fixed
+        # rule, 0.96-1.03x torch (geomean 0.99) where the untiled pick below ran 0.91-1.03x:
+        # fp32 128 threads x 2 vectors, 16-bit types 256 threads x 1 vector. ncu (1M fp32): the
+        # old pick ran 256 blocks (0.24 waves) of 4 vectors per thread, 4.10 us vs torch's 3.52 us;
+        # the tiled one 1024 blocks of 128 threads like torch's, 3.62 us.
+        block, unroll = (128, 2) if problem.dtype == "float32" else (256, 1)
+        blocks = ceil_div(n, vec * unroll * block)
+        why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} per thread, "
+               f"{block} threads per block, a contiguous tile per block ({blocks} blocks)")
+        return _vectorized(problem, device, vec, unroll, block, 0, why, tiled=True)
     block = 256
     resident_blocks = device.multiprocessors * device.resident_blocks(block)
     # Measured on an H200 (scripts/sweep_leaky_relu.py and jitops bench, 2026-11-22): one pass over
