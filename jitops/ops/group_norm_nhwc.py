@@ -12,8 +12,8 @@ kernel):
           the coefficients read as float4s
 
 `onchip` (group_norm_onchip: one launch, the tensor held in registers across a per-sample
-barrier) is the pick wherever the whole grid fits on the device at once (the SD-UNet shapes); the
-two launches above take larger tensors. `naive` (block per group, scalar, strided addressing) is
+barrier) is the pick for tensors of 1 MB and more whose grid fits on the device at once (the
+SD-UNet shapes); the two launches above take smaller and larger tensors. `naive` (block per group, scalar, strided addressing) is
 the baseline and the fallback for channel counts the stats kernel cannot hold (more than 1024
 vectors per pixel).
 """
@@ -73,9 +73,10 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
-    # H100, 2026-11-23 (scripts/device_memops2.py, graph replay): the one launch ran 1-10% faster
-    # than the two on the SD-UNet shapes of 1-10 MB, 4-20% slower on the 0.3-0.7 MB ones
-    # (2x1280x8x8, 2x640x16x16 in fp16/bf16); both sit on a ~9 us floor of latency, not bytes.
+    # H100, 2026-11-23 (scripts/device_memops2.py, graph replay, SD-UNet shapes x fp16/bf16/fp32):
+    # the one launch (options() order) ran 0.99-1.06x the two launches' speed on tensors of 1-10 MB,
+    # and 3-18% slower on the 0.3-0.7 MB ones (2x1280x8x8; 2x640x16x16 fp16/bf16, where a 256-thread
+    # onchip schedule did beat both: 9.5 vs 10.2-10.6 us). Both paths sit on a ~9 us latency floor.
     small = problem.bytes_moved() // 2 < ONCHIP_MIN_BYTES
     if algorithm == "onchip" or (algorithm is None and not small):
         picked = _onchip(problem, device, vec, algorithm, over, why)
@@ -144,9 +145,8 @@ def _onchip(problem: Any, device: DeviceInfo, vec: int, algorithm: str | None, o
 
 def candidates(problem: Any, device: DeviceInfo) -> list[Schedule]:
     out = [heuristic(problem, device, "naive")]
-    _, c, _, _ = _shape(problem)
+    _, c, hw, _ = _shape(problem)
     out += [s for _, s in onchip.options(problem, device, vector_width(c, ITEMSIZE[problem.dtype]))[:8]]
-    _, _, hw, _ = _shape(problem)
     for threads in (128, 256, 512):
         for unroll in (2, 4, 8):
             for spread in (1, 2, 4):

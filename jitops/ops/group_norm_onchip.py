@@ -13,6 +13,10 @@ to the resident blocks: on CUDA `min_blocks` per multiprocessor, held by __launc
 unit; on the emulator, which hands blocks out in order to one worker each, a sample's chunks must
 not outnumber the workers (one per multiprocessor it reports). Shapes that do not fit (large
 tensors) take the two-launch path.
+
+The counters are a persistent workspace of the prepared plan, which every stream shares (as the
+two-launch path's ticket and partials are): two launches of one problem running at once on two
+streams would mix their arrivals, and a block may then spin out its bound and trap.
 """
 from __future__ import annotations
 
