@@ -285,7 +285,7 @@ NHWC_SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (2, 1280, 8, 8), (2, 1920, 16
 def test_group_norm_nhwc(dtype):
     for shape in NHWC_SHAPES:
         groups = 32 if shape[1] % 32 == 0 else 4
-        for alg in (None, "naive"):
+        for alg in (None, "nhwc", "naive"):
             _nhwc_check("group_norm", shape, dtype, groups=groups, schedule=alg)
 
 

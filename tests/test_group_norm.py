@@ -240,3 +240,83 @@ def test_nhwc_misaligned_views(emu, rng):
     ins = OP.random_inputs(prob, rng)
     ins["x"] = x
     check_norm("group_norm", prob, None, rng, ins=ins)
+
+
+# ---- one-launch NHWC group_norm (onchip): the tensor in registers across a per-sample barrier
+
+@pytest.mark.parametrize("case", [
+    (((1, 40, 6, 6), 4, "bfloat16", "float32"), dict(threads=32, rows=4, pixels_per_block=20)),
+    (((2, 20, 5, 3), 4, "float32", "float32"), dict(threads=32, rows=2, pixels_per_block=8)),
+    (((1, 6, 3, 5), 2, "float16", "float16"), dict(threads=64, rows=1, pixels_per_block=9)),
+    (((2, 96, 5, 5), 96, "float32", "float32"), dict(threads=32, rows=13, pixels_per_block=13)),
+])
+def test_nhwc_onchip_barrier(emu, rng, case):
+    """Two blocks per sample meeting at the barrier (a last chunk shorter than the others, rows
+    beyond the chunk unused, 96 groups merged by fewer threads); three calls through one plan:
+    the arrival and departure counters reset themselves."""
+    from jitops.ops import group_norm_nhwc
+    (shape, groups, dtype, ptype), params = case
+    prob = nhwc_problem(shape, groups, dtype, ptype)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "onchip", **params)
+    launches = get_op("group_norm").plan(prob, sched, emu.device).launches
+    assert len(launches) == 1 and launches[0].grid[0] == 2 * shape[0]
+    for _ in range(3):
+        check_norm("group_norm", prob, sched, rng)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_nhwc_onchip_large_offset(emu, dtype):
+    """1e4 + N(0, 1) through the one-launch kernel with two chunks: fp32 within 1e-6 of a float64
+    two-pass (recovered from the output); bf16 within its tolerance."""
+    from jitops.ops import group_norm_nhwc
+    from test_layer_norm import bf16_offset_data
+    rng = np.random.default_rng(17)
+    prob = nhwc_problem((1, 16, 12, 12), 2, dtype, gamma=False, beta=False)
+    shape = prob.inputs()["x"].storage_shape
+    x = (1e4 + rng.standard_normal(shape)).astype(np.float32) if dtype == "float32" else bf16_offset_data(rng, shape)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "onchip", threads=64, rows=5, pixels_per_block=72)
+    y = check_norm("group_norm", prob, sched, rng, ins={"x": x}, tol=4e-6 if dtype == "float32" else None)
+    if dtype == "float32":
+        rows = np.moveaxis(x, 3, 1).reshape(2, -1)
+        mean, var = recovered_stats(rows, np.moveaxis(y, 3, 1).reshape(2, -1), prob.eps)
+        xd = rows.astype(np.float64)
+        assert np.abs(var / xd.var(axis=1) - 1).max() <= 1e-6
+        assert np.abs(mean / xd.mean(axis=1) - 1).max() <= 1e-6
+
+
+def test_nhwc_onchip_without_gamma_beta_and_misaligned(emu, rng):
+    from jitops.ops import group_norm_nhwc
+    for gamma, beta in ((False, False), (True, False), (False, True)):
+        prob = nhwc_problem((1, 16, 3, 5), 4, gamma=gamma, beta=beta)
+        check_norm("group_norm", prob, group_norm_nhwc.heuristic(prob, emu.device, "onchip", threads=32, rows=2,
+                                                                 pixels_per_block=8), rng)
+    base = (rng.standard_normal(1 * 4 * 5 * 16 + 1) * 2 + 0.5).astype(np.float16)
+    prob = nhwc_problem((1, 16, 4, 5), 4, "float16", "float32")
+    ins = OP.random_inputs(prob, rng)
+    ins["x"] = base[1:].reshape(1, 4, 5, 16)                 # 2 bytes past a 16-byte boundary
+    check_norm("group_norm", prob, group_norm_nhwc.heuristic(prob, emu.device, "onchip", threads=32, rows=5,
+                                                             pixels_per_block=10), rng, ins=ins)
+
+
+def test_nhwc_onchip_choice_on_sm90():
+    """No compile: the SD-UNet shapes of 1 MB and more take the one launch with the whole grid
+    resident on an H100/H200 (132 SMs); smaller ones (0.3 MB) and the 21 MB and 103 MB tensors the
+    two launches; a forced grid too large is refused."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.errors import ScheduleError
+    from jitops.ops import group_norm_nhwc, group_norm_onchip
+    dev = KNOWN_TARGETS["sm_90"]
+    for shape, alg in (((2, 320, 64, 64), "onchip"), ((2, 1280, 8, 8), "nhwc"), ((2, 1920, 16, 16), "onchip"),
+                       ((8, 320, 64, 64), "nhwc"), ((256, 64, 56, 56), "nhwc")):
+        for dtype in ("float16", "bfloat16", "float32"):
+            prob = nhwc_problem(shape, 32, dtype, "float32")
+            sched = OP.heuristic(prob, dev)
+            assert sched.algorithm == alg, (shape, dtype, sched)
+            if alg == "onchip":
+                launch = OP.plan(prob, sched, dev).launches[0]
+                minb = dict(launch.params)["min_blocks"]
+                assert launch.grid[0] <= dev.multiprocessors * minb and minb * launch.block[0] <= 1024
+    prob = nhwc_problem((2, 320, 64, 64), 32, "float16", "float32")
+    with pytest.raises(ScheduleError, match="resident"):
+        group_norm_nhwc.heuristic(prob, dev, "onchip", threads=256, rows=1, pixels_per_block=6)
+    assert group_norm_onchip.options(nhwc_problem((8, 320, 64, 64), 32, "float16"), dev, 8) == []

@@ -130,3 +130,30 @@ def test_torch_channels_last_bf16(emu):
     y = jitops.leaky_relu(x, 0.1)
     assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(y, torch.nn.functional.leaky_relu(x, 0.1))
+
+
+@pytest.mark.parametrize("dtype, params", [("float32", dict(unroll=2, block=128)), ("float16", dict(unroll=1, block=64)),
+                                           ("bfloat16", dict(unroll=8, block=64))])
+def test_tiled(emu, rng, dtype, params):
+    """Contiguous tiles per block: full tiles without bounds checks, a partial last tile, the
+    scalar tail, and misaligned views (scalar head) at sizes around a tile's edge."""
+    vec = 16 // np.dtype(dtype if dtype != "bfloat16" else "float16").itemsize
+    tile = vec * params["unroll"] * params["block"]
+    sched = Schedule.make("vectorized", vec=vec, waves=0, tiled=True, **params)
+    tol = {"float32": 1.2e-7, "float16": 1e-3, "bfloat16": 5e-3}[dtype]
+    for n in (tile, 3 * tile, 3 * tile + 1, 2 * tile - vec - 3, 5):
+        base = rng.standard_normal(n + 1).astype(dtype)
+        for x, out in ((base[:n], np.full(n, np.nan, dtype)), (base[1:], np.full(n + 1, np.nan, dtype)[1:])):
+            y = jitops.leaky_relu(x, 0.2, out=out, schedule=sched)
+            assert y is out and not np.isnan(y.astype(np.float32)).any(), f"n={n}: elements left unwritten"
+            assert rel_error(y, reference(x, 0.2)) <= tol, f"n={n}"
+
+
+def test_tiled_refuses_waves():
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops import get_op
+    from jitops.ops.base import TensorSpec
+    op = get_op("leaky_relu")
+    p = op.make_problem({"x": TensorSpec((4096,), "float32")}, {})
+    with pytest.raises(jitops.ScheduleError, match="waves"):
+        op.plan(p, Schedule.make("vectorized", vec=4, unroll=1, block=128, waves=2, tiled=True), KNOWN_TARGETS["sm_90"])

@@ -1,7 +1,7 @@
 """group_norm cases: the seed shape (256 x 64 x 56 x 56, G = 32) in fp32, fp16 and bf16, a Stable
 Diffusion-like shape (8 x 320 x 64 x 64, G = 32: groups of 160 KB), few large groups
 (2 x 128 x 128 x 128, G = 8: the split path), and SD-UNet shapes in channels_last (batch 2,
-320-1280 channels, 8x8 to 64x64; fp16 and bf16: the NHWC kernels), against
+320-1280 channels, 8x8 to 64x64; fp16, bf16 and two fp32: the NHWC kernels), against
 torch.nn.functional.group_norm on the same tensors (parameters in x's dtype for torch)."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def problems(ctx: Context) -> list[tuple[str, Any]]:
                        ((2, 128, 128, 128), 8, "float32", "")]
             shapes += [(s, 32, dt, "nhwc") for s in ((2, 640, 32, 32), (2, 1280, 16, 16), (2, 1280, 8, 8),
                                                      (8, 320, 64, 64)) for dt in ("float16", "bfloat16")]
+            shapes += [((2, 320, 64, 64), 32, "float32", "nhwc"), ((2, 640, 32, 32), 32, "float32", "nhwc")]
     out = []
     for shape, groups, dtype, layout in shapes:
         p = TensorSpec((shape[1],), "float32" if dtype == "bfloat16" else dtype)   # bf16: fp32 weights

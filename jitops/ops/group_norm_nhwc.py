@@ -11,8 +11,11 @@ kernel):
   apply - y = (x - k) * a + b over the dense storage, the vector's channels contiguous (rowwise),
           the coefficients read as float4s
 
-`naive` (block per group, scalar, strided addressing) is the baseline and the fallback for
-channel counts the stats kernel cannot hold (more than 1024 vectors per pixel).
+`onchip` (group_norm_onchip: one launch, the tensor held in registers across a per-sample
+barrier) is the pick for tensors of 1 MB and more whose grid fits on the device at once (the
+SD-UNet shapes); the two launches above take smaller and larger tensors. `naive` (block per group, scalar, strided addressing) is
+the baseline and the fallback for channel counts the stats kernel cannot hold (more than 1024
+vectors per pixel).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ from typing import Any
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
+from . import group_norm_onchip as onchip
 from .norm_affine import affine_launch
 from .norm_common import ptr_or_none, row_plan, vector_width
 
-ALGORITHMS = ("nhwc", "naive")
+ALGORITHMS = ("onchip", "nhwc", "naive")
 SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
+ONCHIP_MIN_BYTES = 1 << 20       # smaller tensors: the two launches (H100 sweep, below)
 STATS_REGISTERS = 72             # per thread, allocated (ptxas, sm_90: 69 for fp16/bf16, 40 for fp32)
 
 
@@ -68,6 +73,15 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
+    # H100, 2026-11-23 (scripts/device_memops2.py, graph replay, SD-UNet shapes x fp16/bf16/fp32):
+    # the one launch (options() order) ran 0.99-1.06x the two launches' speed on tensors of 1-10 MB,
+    # and 3-18% slower on the 0.3-0.7 MB ones (2x1280x8x8; 2x640x16x16 fp16/bf16, where a 256-thread
+    # onchip schedule did beat both: 9.5 vs 10.2-10.6 us). Both paths sit on a ~9 us latency floor.
+    small = problem.bytes_moved() // 2 < ONCHIP_MIN_BYTES
+    if algorithm == "onchip" or (algorithm is None and not small):
+        picked = _onchip(problem, device, vec, algorithm, over, why)
+        if picked is not None:
+            return picked
     # the widest block (512 threads, fewer for wide rows of many channels) whose sums fit shared memory
     fitting = [t for t in (512, 256, 128, device.warp_size)
                if cv <= device.max_threads_per_block and
@@ -106,9 +120,33 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
                          pixels_per_block=ppb, apply_block=ablock, apply_unroll=aunroll)
 
 
+def _onchip(problem: Any, device: DeviceInfo, vec: int, algorithm: str | None, over: dict,
+            why: list[str]) -> Schedule | None:
+    """The one-launch schedule: the best-scored fitting (threads, rows), parameters given in `over`
+    taking precedence; None when nothing fits and no algorithm was forced."""
+    opts = [s for _, s in onchip.options(problem, device, vec)]
+    if device.backend == "cpu":
+        # the emulator's workers may be fewer than it reports: one block per sample, no waiting
+        opts = [s for s in opts if int(s["pixels_per_block"]) >= problem.plane] or opts
+    if not opts and algorithm is None:
+        return None
+    base = dict(opts[0].params) if opts else {"vec": vec, "threads": 512, "rows": 1, "pixels_per_block": 1}
+    params = {k: int(over.pop(k, base[k])) for k in ("vec", "threads", "rows", "pixels_per_block")}
+    params["vec"] = vec
+    if over:
+        raise ScheduleError(f"group_norm onchip: unknown parameters {sorted(over)}")
+    by, block, chunks, minb = onchip.check(problem, device, vec, params["threads"], params["rows"],
+                                           params["pixels_per_block"])
+    why.append(f"one launch, the tensor on chip: {block} threads ({by} pixel rows of {problem.channels // vec} "
+               f"vectors of {vec}) hold {params['rows']} rows each, {params['pixels_per_block']} pixels per block, "
+               f"{chunks} blocks per sample behind one barrier ({minb} resident per multiprocessor)")
+    return Schedule.make("onchip", why="; ".join(why), **params)
+
+
 def candidates(problem: Any, device: DeviceInfo) -> list[Schedule]:
     out = [heuristic(problem, device, "naive")]
-    _, _, hw, _ = _shape(problem)
+    _, c, hw, _ = _shape(problem)
+    out += [s for _, s in onchip.options(problem, device, vector_width(c, ITEMSIZE[problem.dtype]))[:8]]
     for threads in (128, 256, 512):
         for unroll in (2, 4, 8):
             for spread in (1, 2, 4):
@@ -128,6 +166,8 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
         return Plan(launches=())
     if schedule.algorithm == "naive":
         return row_plan(problem.row_spec(), schedule, device, "y")
+    if schedule.algorithm == "onchip":
+        return onchip.plan(problem, schedule, device)
     if schedule.algorithm != "nhwc":
         raise ScheduleError(f"group_norm on channels_last input has no algorithm '{schedule.algorithm}' "
                             f"(choose from {', '.join(ALGORITHMS)})")
@@ -165,8 +205,10 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
 
 
 def variants(make: Any, device: DeviceInfo) -> list[tuple[Any, Schedule]]:
-    """One representative of the NHWC family (bf16, fp32 parameters, a vector straddling groups:
-    cpg 10 of 8-channel vectors, several chunks) and the naive kernel's strided addressing."""
+    """One representative of each NHWC family (bf16, fp32 parameters, a vector straddling groups:
+    cpg 10 of 8-channel vectors, several chunks: the two-launch path and the one-launch path with
+    its barrier) and the naive kernel's strided addressing."""
     prob = make((2, 40, 6, 6), "bfloat16", "float32", 4)
-    return [(prob, heuristic(prob, device, "nhwc", pixels_per_block=8)), (prob, heuristic(prob, device, "naive"))]
+    return [(prob, heuristic(prob, device, "nhwc", pixels_per_block=8)), (prob, heuristic(prob, device, "naive")),
+            (prob, heuristic(prob, device, "onchip", threads=32, rows=3, pixels_per_block=18))]
 
