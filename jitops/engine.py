@@ -28,7 +28,7 @@ from .prepared import (CompiledKernel, Prepared, Step, _cache, clear_prepared, c
 from .runtime import current_backend
 from .runtime.base import Backend
 
-__all__ = ["run", "repeat_call", "MISS", "select_schedule", "prepare", "Prepared", "Step", "kernel_source",
+__all__ = ["run", "repeat_call", "MISS", "dispatch_table", "select_schedule", "prepare", "Prepared", "Step", "kernel_source",
            "compile_problem", "CompiledKernel", "clear_prepared", "generation", "launch_step", "persistent_workspace",
            "prepare_for", "pointer_runner", "run_pointers"]
 
@@ -72,11 +72,7 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
     if key is not None and key not in _cache.bound:
         bound = _cache.bound[key] = _bind(prepared, backend, tensors, refs)
         if bound is not None and bound.native is not None and schedule is None:
-            from .runtime.fastlaunch import native_launcher
-            dispatch = _cache.dispatch.get(op_name)
-            if dispatch is None:
-                dispatch = _cache.dispatch[op_name] = native_launcher().Dispatch(MISS)
-            dispatch.add(backend, tuple(attrs.values()), bound.native)
+            dispatch_table(op_name).add(backend, tuple(attrs.values()), bound.native)
     return result
 
 
@@ -90,9 +86,23 @@ def repeat_call(op_name: str, values: tuple, attrs: tuple) -> Any:
     again (a miss would scan the op's native calls twice); direct callers of run() get the
     generated Python repeat path."""
     dispatch = _cache.dispatch.get(op_name)
-    if dispatch is None:
+    if dispatch is None or not dispatch:
         return MISS
     return dispatch(current_backend(), values, attrs)
+
+
+def dispatch_table(op_name: str) -> Any:
+    """The op's Dispatch (native repeat calls, by signature): made once and kept for the process
+    (the op's public function holds it; clear_prepared empties it), None without the native module."""
+    dispatch = _cache.dispatch.get(op_name)
+    if dispatch is None:
+        from .runtime.fastlaunch import native_launcher
+        module = native_launcher(quiet=True)
+        if module is None:
+            return None
+        with _cache.lock:
+            dispatch = _cache.dispatch.setdefault(op_name, module.Dispatch(MISS))
+    return dispatch
 
 
 def _hashable(attrs: Mapping[str, Any]) -> tuple:

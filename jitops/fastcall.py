@@ -359,8 +359,7 @@ def _alive(ref: weakref.ref) -> "BoundCall":
     return bound
 
 
-def _no_stream() -> int:
-    return 0
+_no_stream = int     # stream 0 (int() is 0), called with no Python frame
 
 
 def _partial(fn: Callable, arg: Any) -> Callable[[], Any]:

@@ -139,7 +139,7 @@ class _Cache:
     def __init__(self) -> None:
         self.by_call: dict[tuple, Prepared] = {}         # general path: by shapes and attributes
         self.bound: dict[tuple, BoundCall | None] = {}   # repeat-call path: by call signature
-        self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op
+        self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op, kept
         self.lock = threading.Lock()
         self.generation = 0     # bumped by clear_prepared: runners held elsewhere must be fetched anew
 
@@ -161,9 +161,8 @@ def clear_prepared() -> None:
             p.stream_scratch.clear()
         _cache.by_call.clear()
         _cache.bound.clear()
-        for d in _cache.dispatch.values():
+        for d in _cache.dispatch.values():    # emptied, not dropped: the public functions hold them
             d.clear()
-        _cache.dispatch.clear()
         _cache.generation += 1
 
 

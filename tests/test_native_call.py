@@ -122,7 +122,7 @@ def test_clear_prepared_forgets_native_calls(probe, monkeypatch):
     x = torch.randn(1000)
     jitops.leaky_relu(x)
     engine.clear_prepared()
-    assert not engine._cache.dispatch
+    assert not any(len(d) for d in engine._cache.dispatch.values())     # emptied (the entries hold them)
     seen = []
     real = engine._run_general
     monkeypatch.setattr(engine, "_run_general", lambda *a, **k: seen.append(1) or real(*a, **k))
@@ -136,7 +136,7 @@ def test_emulator_results_unchanged_by_the_probe(emu):
     for _ in range(2):
         y = jitops.leaky_relu(x, 0.3)
         np.testing.assert_allclose(y.numpy(), np.where(x > 0, x, 0.3 * x), rtol=1e-6)
-    assert "leaky_relu" not in engine._cache.dispatch
+    assert not len(engine._cache.dispatch["leaky_relu"])
     assert get_op("leaky_relu") is not None
 
 

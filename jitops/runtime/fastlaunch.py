@@ -37,15 +37,25 @@ _failed = False
 origin: str = ""        # where the loaded launcher came from: "prebuilt" (built with the package) or a path
 
 
-def native_launcher() -> ModuleType | None:
-    """The extension module with launch(entry, kernel, gx, gy, gz, bx, by, bz, shared, stream, params)."""
+_unwarned: list[str] = []   # warnings held back by a quiet first try, given by the next plain one
+
+
+def native_launcher(quiet: bool = False) -> ModuleType | None:
+    """The extension module with launch(entry, kernel, gx, gy, gz, bx, by, bz, shared, stream, params).
+
+    quiet: what goes wrong is warned about only when a later call without `quiet` asks (`import
+    jitops` tries quietly: a program that never launches on a GPU needs no launcher)."""
     global _module, _failed
-    if _module is not None or _failed:
-        return _module
-    with _lock:
-        if _module is None and not _failed:
-            _module = _prebuilt() or _compiled()
-            _failed = _module is None
+    if _module is None and not _failed:
+        with _lock:
+            if _module is None and not _failed:
+                _module = _prebuilt() or _compiled()
+                _failed = _module is None
+    if _unwarned and not quiet:
+        with _lock:
+            held, _unwarned[:] = list(_unwarned), []
+        for message in held:
+            config.warn(log, message)
     return _module
 
 
@@ -95,13 +105,13 @@ def _compiled() -> ModuleType | None:
         loader.exec_module(module)
     except Exception as exc:  # no compiler, no Python.h, ...: the binding's launch still works
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        config.warn(log, f"jitops native launcher unavailable (no prebuilt copy in this installation, and "
+        _unwarned.append(f"jitops native launcher unavailable (no prebuilt copy in this installation, and "
                          f"building it failed: {reason}); kernels launch through the Python binding and "
                          f"repeat calls take the Python path (a few microseconds more per call)")
         return None
     origin = str(path)
     if not config.is_checkout():
-        config.warn(log, f"jitops native launcher: no prebuilt copy in this installation (the wheel was built "
+        _unwarned.append(f"jitops native launcher: no prebuilt copy in this installation (the wheel was built "
                          f"without a C compiler?); built {path.name} with the host compiler instead")
     return module
 

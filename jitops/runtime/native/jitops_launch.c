@@ -175,7 +175,8 @@ static int add_type(PyObject* m, const char* name, PyTypeObject* type) {
 PyMODINIT_FUNC PyInit_jitops_launch(void) {
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
-  if (add_type(m, "FastCall", &JtFastCallType) < 0 || add_type(m, "Dispatch", &JtDispatchType) < 0) {
+  if (add_type(m, "FastCall", &JtFastCallType) < 0 || add_type(m, "Dispatch", &JtDispatchType) < 0 ||
+      add_type(m, "Entry", &JtEntryType) < 0) {
     Py_DECREF(m);
     return NULL;
   }
