@@ -77,10 +77,10 @@ def leaky_relu_pieces(backend: ProbeBackend, n: int) -> dict[str, float]:
     native, dispatch = bound.native, engine._cache.dispatch["leaky_relu"]
     values, attrs = (x,), (0.1,)
     if hasattr(jitops.leaky_relu, "fallback"):
-        rows["public function (native entry, Dispatch, FastCall)"] = per_call_ns(lambda: jitops.leaky_relu(x, 0.1), n)
-    rows["Dispatch (hash, signature check, FastCall)"] = per_call_ns(lambda: dispatch(backend, values, attrs), n)
-    rows["FastCall (pointers, output, stream, launch)"] = per_call_ns(lambda: native(values), n)
-    rows["FastCall.matches (signature check)"] = per_call_ns(lambda: native.matches(values), n)
+        rows["public function (native entry, Dispatch, RepeatCall)"] = per_call_ns(lambda: jitops.leaky_relu(x, 0.1), n)
+    rows["Dispatch (hash, signature check, RepeatCall)"] = per_call_ns(lambda: dispatch(backend, values, attrs), n)
+    rows["RepeatCall (pointers, output, stream, launch)"] = per_call_ns(lambda: native(values), n)
+    rows["RepeatCall.matches (signature check)"] = per_call_ns(lambda: native.matches(values), n)
     rows["generated Python (pointers, output, stream, launch)"] = per_call_ns(lambda: bound.run(values, None), n)
     rows["torch.empty_like (paid by every path)"] = per_call_ns(lambda: torch.empty_like(x), n)
     rows["x.data_ptr()"] = per_call_ns(lambda: x.data_ptr(), n)

@@ -1,4 +1,4 @@
-"""The native repeat-call path (runtime/native/jitops_launch.c: FastCall, Dispatch) on the probe
+"""The native repeat-call path (runtime/native/jitops_launch.c: RepeatCall, Dispatch) on the probe
 backend: kernels compile and load like the emulator's, launches are recorded, nothing runs. What
 is checked: each repeat call launches with its own arrays' pointers and the plan's scalars; a call
 whose signature differs takes the general path (and its errors); every public function finds its
@@ -227,7 +227,7 @@ def test_repeat_calls_allocate_only_outputs_and_never_synchronize(probe, monkeyp
 
 
 def test_freed_derived_memory_is_never_used(probe):
-    """A FastCall held past clear_prepared (which frees derived data and scratch) asks again."""
+    """A RepeatCall held past clear_prepared (which frees derived data and scratch) asks again."""
     args, kwargs = CASES["batch_norm"](lambda *shape: torch.randn(*shape))
     jitops.batch_norm(*args, **kwargs)
     bound = bound_for("batch_norm", probe)
@@ -262,15 +262,15 @@ def test_dispatch_finds_any_of_many_signatures(probe, monkeypatch):
 
 
 def test_released_bound_calls_are_freed(probe):
-    """A bound call with derived data and scratch is freed once the engine drops it (its FastCall's
-    callbacks must not keep it alive: FastCall takes no part in garbage collection)."""
+    """A bound call with derived data and scratch is freed once the engine drops it (its RepeatCall's
+    callbacks must not keep it alive: RepeatCall takes no part in garbage collection)."""
     import gc
     import weakref
     args, kwargs = CASES["conv2d-winograd"](lambda *shape: torch.randn(*shape))
     jitops.conv2d(*args, **kwargs)
     jitops.conv2d(*args, **kwargs)
     bound = weakref.ref(bound_for("conv2d", probe))
-    assert bound().native is not None and bound()._scratch
+    assert bound().native is not None and len(bound().scratch_table)
     engine.clear_prepared()
     gc.collect()
     assert bound() is None

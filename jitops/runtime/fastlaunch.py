@@ -3,7 +3,7 @@ jitops.runtime.jitops_launch, else (a source checkout, a wheel built without a c
 with the host C compiler on first use.
 
 A Python binding spends microseconds converting eleven launch arguments; this extension calls
-the driver's launch entry point directly, and runs whole repeat calls (FastCall, Dispatch). When
+the driver's launch entry point directly, and runs whole repeat calls (RepeatCall, Dispatch). When
 neither copy is available, backends fall back to their binding's launch and repeat calls to the
 generated Python path; that is warned about once, naming what is missing.
 """
@@ -60,7 +60,7 @@ def native_launcher(quiet: bool = False) -> ModuleType | None:
 
 
 def memory_released() -> None:
-    """Memory a FastCall may remember (derived data, per-stream scratch) was freed: every FastCall
+    """Memory a RepeatCall may remember (derived data, per-stream scratch) was freed: every RepeatCall
     forgets what it remembered (the next call asks Python again)."""
     if _module is not None and hasattr(_module, "memory_released"):
         _module.memory_released()
@@ -120,8 +120,8 @@ def bind_native(module: ModuleType, entry: int, handle: int, grid: Sequence[int]
                 shared: int, fail_at: Callable[[int, int, int], None]) -> Callable[[Any, int], None]:
     """A backend's bound launch through the native launcher: launch(args: PackedArgs, stream).
 
-    It carries what the repeat paths need (fastcall.py): `native`, the launcher call's fixed
-    arguments, for generated code and FastCall; `fail_at(rc, params, stream)`, the backend's retry
+    It carries what the repeat paths need (bound_plan.py): `native`, the launcher call's fixed
+    arguments, for generated code and RepeatCall; `fail_at(rc, params, stream)`, the backend's retry
     or error for a launch that returned rc with the given argument block; `fail(rc, args, stream)`."""
     gx, gy, gz = (int(v) for v in grid)
     bx, by, bz = (int(v) for v in block)

@@ -1,4 +1,4 @@
-/* Dispatch: an op's repeat calls (FastCall, jitops_fastcall.c), found by a hash of the call's
+/* Dispatch: an op's repeat calls (RepeatCall, jitops_fastcall.c), found by a hash of the call's
  * signature; the signature checks both use; and Entry, an op's public function in front of its Dispatch. */
 #include "jitops_native.h"
 
@@ -118,7 +118,7 @@ static Py_hash_t sig_hash_read(PyObject* backend, PyObject* attrs, const jt_sig*
 
 typedef struct {
   Py_hash_t hash;
-  PyObject* entry; /* (backend, attrs, FastCall), NULL: empty */
+  PyObject* entry; /* (backend, attrs, RepeatCall), NULL: empty */
 } dslot;
 
 typedef struct {
@@ -187,7 +187,7 @@ static int dispatch_grow(Dispatch* self) {
   return 0;
 }
 
-/* add(backend, attrs: tuple, call: FastCall) -> whether it was filed (False: an array type other
+/* add(backend, attrs: tuple, call: RepeatCall) -> whether it was filed (False: an array type other
  * than the one this table's entries expect, or an unhashable attribute) */
 static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   PyObject *backend, *attrs, *call, *expect, *entry;
@@ -195,7 +195,7 @@ static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   PyTypeObject* type = NULL;
   Py_ssize_t i, n;
   Py_hash_t hash;
-  if (!PyArg_ParseTuple(args, "OO!O!", &backend, &PyTuple_Type, &attrs, &JtFastCallType, &call)) return NULL;
+  if (!PyArg_ParseTuple(args, "OO!O!", &backend, &PyTuple_Type, &attrs, &JtRepeatCallType, &call)) return NULL;
   expect = jt_fastcall_expect(call);
   n = PyTuple_GET_SIZE(expect);
   for (i = 0; i < n; i++) {
@@ -342,7 +342,7 @@ PyTypeObject JtDispatchType = {
  * An op's public function as a C callable, so that a repeat call runs no Python frame before the
  * driver's launch: it binds the call's arguments to the Python function's parameters (positional
  * or by keyword, defaults filled in), sorts them into the inputs and attributes the op's Dispatch
- * is keyed by, reads the current backend, and runs the matching FastCall. Anything it does not
+ * is keyed by, reads the current backend, and runs the matching RepeatCall. Anything it does not
  * handle (no match, an unknown or repeated keyword, a missing argument, a non-None `out`,
  * `schedule` or `layout`) goes to the Python function unchanged, which also owns every error
  * message. Its __dict__ carries the Python function's __wrapped__, __doc__, __name__, ...: help()
