@@ -155,3 +155,26 @@ def test_everything_else_takes_the_python_function(probe, monkeypatch):
         jitops.leaky_relu(x, 0.1)
         assert seen == ["leaky_relu"]
         assert engine.repeat_call("leaky_relu", (x,), (0.1,)) is not engine.MISS   # now bound there too
+
+
+def test_without_the_native_module_the_python_functions_are_public(tmp_path):
+    """No C compiler for the launcher (CC=false, empty cache, no prebuilt copy in a checkout):
+    `import jitops` stays quiet and exports the Python functions; the first plain request for the
+    launcher warns once, naming what is missing."""
+    import os
+    import subprocess
+    child = ("import inspect, warnings, jitops\n"
+             "from jitops.runtime import fastlaunch\n"
+             "print('PYTHON', all(inspect.isfunction(getattr(jitops, n)) for n in %r))\n"
+             "with warnings.catch_warnings(record=True) as w:\n"
+             "    warnings.simplefilter('always')\n"
+             "    found = [fastlaunch.native_launcher(), fastlaunch.native_launcher()]\n"
+             "print('ORIGIN', fastlaunch.origin or '-', found == [None, None])\n"
+             "print('WARNED', len(w), str(w[0].message) if w else '')\n") % (OPS,)
+    env = {**os.environ, "CC": "false", "JITOPS_CACHE_DIR": str(tmp_path / "cache"), "JITOPS_BACKEND": "cpu"}
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    if "ORIGIN prebuilt" in run.stdout:
+        pytest.skip("an installed prebuilt launcher is used")
+    assert "ORIGIN - True" in run.stdout and "PYTHON True" in run.stdout and "native launcher" not in run.stderr
+    assert "WARNED 1 jitops native launcher unavailable" in run.stdout
