@@ -28,10 +28,9 @@ from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cac
 from .runtime import current_backend
 from .runtime.base import Backend
 
-__all__ = ["run", "repeat_call", "MISS", "dispatch_table", "select_schedule", "prepare", "Prepared", "Step", "kernel_source",
-           "compile_problem", "CompiledKernel", "clear_prepared", "generation", "bind", "bind_and_launch", "Slot",
-           "StreamScratch", "persistent_workspace",
-           "prepare_for", "pointer_runner", "run_pointers"]
+__all__ = ["run", "repeat_call", "MISS", "dispatch_table", "select_schedule", "prepare", "Prepared", "Step",
+           "Slot", "kernel_source", "compile_problem", "CompiledKernel", "clear_prepared", "generation", "bind",
+           "bind_and_launch", "StreamScratch", "persistent_workspace", "prepare_for", "pointer_runner", "run_pointers"]
 
 log = logging.getLogger("jitops.engine")
 

@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
-from .prepared import Prepared, StreamScratch, _cache, bind_and_launch, persistent_workspace, prepare, prepare_for
+from .prepared import (Prepared, StreamScratch, _cache, bind_and_launch, persistent_workspace, prepare,
+                       prepare_for)
 from .runtime import current_backend
 from .runtime.base import Backend
 

@@ -122,8 +122,9 @@ def markdown(report: dict[str, Any]) -> str:
            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, e = r["sync_us"], r["eager_us"]
-        out.append(f"| {r['op']} | {r['problem']} | {s['jitops']:.2f} | {s['torch']:.2f} | {s['torch_over_jitops']:.2f} "
-                   f"| {e['jitops']:.2f} | {e['torch']:.2f} | {e['torch_over_jitops']:.2f} |")
+        out.append(f"| {r['op']} | {r['problem']} | {s['jitops']:.2f} | {s['torch']:.2f} "
+                   f"| {s['torch_over_jitops']:.2f} | {e['jitops']:.2f} | {e['torch']:.2f} "
+                   f"| {e['torch_over_jitops']:.2f} |")
     return "\n".join(out)
 
 
