@@ -13,7 +13,10 @@ import logging
 from types import ModuleType as _ModuleType
 from typing import TYPE_CHECKING, Any as _Any
 
-from ._version import __version__
+# Before the imports below: importing api loads the native launcher, which may already warn.
+logging.getLogger("jitops").addHandler(logging.NullHandler())
+
+from ._version import __version__  # noqa: E402
 from .bundle import Bundle, BundleMismatch, load_bundle
 from .api import attention, batch_norm, conv2d, group_norm, layer_norm, leaky_relu, rms_norm
 from .device import DeviceInfo
@@ -25,8 +28,6 @@ from .runtime import get_backend, use_backend
 
 if TYPE_CHECKING:
     from .tuning import TuneResult
-
-logging.getLogger("jitops").addHandler(logging.NullHandler())
 
 
 def tune(op: "str | _ModuleType", problem: "_Any" = None, **kwargs: "_Any") -> "TuneResult":

@@ -129,3 +129,11 @@ def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, e
         return y
     return engine.run("rms_norm", {"x": x, "gamma": gamma}, {"normalized_shape": normalized_shape, "eps": eps},
                       out=_out("y", out), schedule=schedule)
+
+
+# The public functions as native entries (C callables that run a repeat call with no Python frame,
+# and hand every other call to the functions above): see native_entry.py.
+from .native_entry import native_entries as _native_entries  # noqa: E402
+
+leaky_relu, conv2d, attention, batch_norm, group_norm, layer_norm, rms_norm = _native_entries(
+    leaky_relu, conv2d, attention, batch_norm, group_norm, layer_norm, rms_norm)

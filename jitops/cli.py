@@ -118,7 +118,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    from .bench import plot
+    from .bench import latency, plot
 
     if args.from_report:
         report = plot.load(args.from_report)
@@ -126,9 +126,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ops = [o for part in (args.ops or []) for o in part.split(",") if o] or None
         report = bench.run(ops, quick=args.quick, json_path=args.json, algorithms=args.algorithms)
     if args.markdown:
-        print(plot.markdown(report))
+        print(plot.markdown(report) + latency.markdown(report))
     if args.plot:
         print(f"drew {plot.plot(report, args.plot)}")
+        if (drawn := latency.plot(report, latency.plot_path(args.plot))) is not None:
+            print(f"drew {drawn}")
     return 0
 
 

@@ -11,7 +11,7 @@ contents while the tensor it came from is alive: once it is freed, the allocator
 address to the next tensor of that size, with a fresh version counter. Entries therefore hold
 weak references to the tensors they were computed from and are dropped when one has died.
 
-The native repeat path (FastCall) remembers entries' pointers; whatever frees or refills one
+The native repeat path (RepeatCall) remembers entries' pointers; whatever frees or refills one
 tells it (memory_released), so it forgets them before their next use.
 
 The stream an entry was filled or used on may be gone by the time it matters (ONNX Runtime

@@ -18,19 +18,19 @@ import numpy as np
 
 from . import arrays
 from .errors import ArgumentError
-from .fastcall import BoundCall, NoFastPath, signature, torch_identity
+from .bound_plan import BoundPlan, NoFastPath, signature, torch_identity
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
 from .pointer_runner import pointer_runner, run_pointers  # noqa: F401  (part of the engine's API)
-from .prepared import (CompiledKernel, Prepared, Step, _cache, clear_prepared, compile_problem,  # noqa: F401
-                       generation, kernel_source, launch_step, persistent_workspace, prepare, prepare_for,
-                       select_schedule)
+from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, bind,  # noqa: F401
+                       bind_and_launch, clear_prepared, compile_problem, generation, kernel_source,
+                       persistent_workspace, prepare, prepare_for, select_schedule)
 from .runtime import current_backend
 from .runtime.base import Backend
 
-__all__ = ["run", "repeat_call", "MISS", "select_schedule", "prepare", "Prepared", "Step", "kernel_source",
-           "compile_problem", "CompiledKernel", "clear_prepared", "generation", "launch_step", "persistent_workspace",
-           "prepare_for", "pointer_runner", "run_pointers"]
+__all__ = ["run", "repeat_call", "MISS", "dispatch_table", "select_schedule", "prepare", "Prepared", "Step",
+           "Slot", "kernel_source", "compile_problem", "CompiledKernel", "clear_prepared", "generation", "bind",
+           "bind_and_launch", "StreamScratch", "persistent_workspace", "prepare_for", "pointer_runner", "run_pointers"]
 
 log = logging.getLogger("jitops.engine")
 
@@ -72,11 +72,7 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
     if key is not None and key not in _cache.bound:
         bound = _cache.bound[key] = _bind(prepared, backend, tensors, refs)
         if bound is not None and bound.native is not None and schedule is None:
-            from .runtime.fastlaunch import native_launcher
-            dispatch = _cache.dispatch.get(op_name)
-            if dispatch is None:
-                dispatch = _cache.dispatch[op_name] = native_launcher().Dispatch(MISS)
-            dispatch.add(backend, tuple(attrs.values()), bound.native)
+            dispatch_table(op_name).add(backend, tuple(attrs.values()), bound.native)
     return result
 
 
@@ -90,9 +86,23 @@ def repeat_call(op_name: str, values: tuple, attrs: tuple) -> Any:
     again (a miss would scan the op's native calls twice); direct callers of run() get the
     generated Python repeat path."""
     dispatch = _cache.dispatch.get(op_name)
-    if dispatch is None:
+    if dispatch is None or not dispatch:
         return MISS
     return dispatch(current_backend(), values, attrs)
+
+
+def dispatch_table(op_name: str) -> Any:
+    """The op's Dispatch (native repeat calls, by signature): made once and kept for the process
+    (the op's public function holds it; clear_prepared empties it), None without the native module."""
+    dispatch = _cache.dispatch.get(op_name)
+    if dispatch is None:
+        from .runtime.fastlaunch import native_launcher
+        module = native_launcher(quiet=True)
+        if module is None:
+            return None
+        with _cache.lock:
+            dispatch = _cache.dispatch.setdefault(op_name, module.Dispatch(MISS))
+    return dispatch
 
 
 def _hashable(attrs: Mapping[str, Any]) -> tuple:
@@ -100,8 +110,8 @@ def _hashable(attrs: Mapping[str, Any]) -> tuple:
 
 
 def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
-          refs: Mapping[str, arrays.ArrayRef]) -> BoundCall | None:
-    """A BoundCall for repeat calls, or None when this call must always take the general path."""
+          refs: Mapping[str, arrays.ArrayRef]) -> BoundPlan | None:
+    """A BoundPlan for repeat calls, or None when this call must always take the general path."""
     kinds = {r.kind for r in refs.values()}
     if len(kinds) != 1 or kinds - {"torch", "numpy"}:
         return None
@@ -111,7 +121,7 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path
     try:
-        return BoundCall(prepared, backend, list(tensors), first.obj, tuple(tensors.values()))
+        return BoundPlan(prepared, backend, list(tensors), first.obj, tuple(tensors.values()))
     except NoFastPath:
         return None
 
@@ -164,7 +174,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     primary = next(iter(refs.values()))
     out_specs = p.problem.outputs()
     results: dict[str, Any] = {}
-    ptrs: dict[str, tuple[int, int]] = {}
+    ptrs: dict[str, int] = {}
     staged: list[int] = []
     copy_back: list[tuple[np.ndarray, int, int]] = []
     stream = 0 if host else arrays.current_stream(primary)
@@ -190,7 +200,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             host_arr = arrays.host_storage(obj)
             copy_back.append((host_arr, dptr, spec.nbytes))
             ptr = dptr
-        ptrs[name] = (ptr, spec.nbytes)
+        ptrs[name] = ptr
 
     try:
         for name, ref in refs.items():
@@ -199,16 +209,16 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
                 staged.append(dptr)
                 if ref.nbytes:
                     backend.copy_to_device(dptr, arrays.host_view(ref), ref.nbytes)
-                ptrs[name] = (dptr, ref.nbytes)
+                ptrs[name] = dptr
             else:
-                ptrs[name] = (ref.ptr, ref.nbytes)
+                ptrs[name] = ref.ptr
         for ws in p.plan.workspaces:
             if not ws.derived_from:
-                ptrs[ws.name] = (_workspace(p, ws, backend, primary, staged, results, stream), ws.nbytes)
+                ptrs[ws.name] = _workspace(p, ws, backend, primary, staged, results, stream)
         with p.lock:
             _run_prepare_steps(p, refs, ptrs, backend, stream)
             for step in p.steps:
-                launch_step(step, ptrs, p.itemsizes, backend, stream)
+                bind_and_launch(step, ptrs, stream)
         for host_arr, dptr, nbytes in copy_back:
             if nbytes:
                 backend.copy_to_host(host_arr, dptr, nbytes, stream)
@@ -236,7 +246,7 @@ def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef,
     return ptr
 
 
-def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: dict[str, tuple[int, int]],
+def _run_prepare_steps(p: Prepared, refs: Mapping[str, arrays.ArrayRef], ptrs: dict[str, int],
                        backend: Backend, stream: int) -> None:
     """Point the derived workspaces at the copy for these inputs; fill it first if it is new."""
     if not p.prepare_steps:

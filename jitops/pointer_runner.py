@@ -1,7 +1,8 @@
 """Raw device pointers on a caller's stream: how ONNX Runtime's CUDA / ROCm kernels run a plan.
 
 Everything that does not change between calls (the plan, buffer sizes, argument slots) is worked
-out once per problem; a call writes pointers and launches. Per-call workspaces are kept per stream.
+out once per problem (the plan's slot table); a call writes pointers and launches through the
+engine's one bind_and_launch. Per-call workspaces are kept per stream (prepared.StreamScratch).
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Callable, Mapping
 
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
-from .prepared import Prepared, _cache, persistent_workspace, prepare, prepare_for
+from .prepared import (Prepared, StreamScratch, _cache, bind_and_launch, persistent_workspace, prepare,
+                       prepare_for)
 from .runtime import current_backend
 from .runtime.base import Backend
 
@@ -58,57 +60,39 @@ def pointer_runner(op_name: str, specs: Mapping[str, TensorSpec | None], attrs: 
 
 def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], backend: Backend
                          ) -> Callable[..., None]:
-    sizes = {n: s.nbytes for n, s in specs.items() if s is not None}
-    sizes.update({n: s.nbytes for n, s in p.problem.outputs().items()})
     persistent = [ws for ws in p.plan.workspaces if ws.persistent]
     scratch_ws = [ws for ws in p.plan.workspaces if not ws.persistent and not ws.derived_from]
-    slots = [(step, [(i, name, p.itemsizes.get(name, 1)) for i, name in step.buffer_slots]) for step in p.steps]
+    if scratch_ws and p.stream_scratch is None:
+        p.stream_scratch = _backend_scratch(scratch_ws, backend)
+        p.backend = p.backend or backend
 
     def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None) -> None:
-        full = {n: (ptr, sizes[n]) for n, ptr in ptrs.items()}
+        full = dict(ptrs)
         with p.lock:
             for ws in persistent:
-                full[ws.name] = (persistent_workspace(p, ws, backend, stream), ws.nbytes)
+                full[ws.name] = persistent_workspace(p, ws, backend, stream)
             if scratch_ws:
-                scratch = _stream_scratch(p, scratch_ws, backend, stream)
+                full.update(p.stream_scratch.get(stream))
                 for ws in scratch_ws:
-                    full[ws.name] = (scratch[ws.name], ws.nbytes)
                     if ws.zero:
-                        backend.memset(scratch[ws.name], 0, ws.nbytes, stream)
+                        backend.memset(full[ws.name], 0, ws.nbytes, stream)
             if p.prepare_steps:     # raw pointers say nothing of their contents: redone unless keyed
                 prepare_for(p, derived_key, (), full, backend, stream)
-            for step, step_slots in slots:
-                packed = step.packed
-                for index, name, itemsize in step_slots:
-                    ptr, nbytes = full[name]
-                    packed.set_buffer(index, ptr, nbytes, itemsize)
-                step.run(packed, stream)
+            for step in p.steps:
+                bind_and_launch(step, full, stream)
 
     run.derived_inputs = tuple(p.derived.inputs) if p.derived is not None and p.prepare_steps else ()  # type: ignore[attr-defined]
     return run
 
 
-_STREAMS_KEPT = 4
-
-
-def _stream_scratch(p: Prepared, workspaces: list[Any], backend: Backend, stream: int) -> dict[str, int]:
-    """The per-call `workspaces` of `p` for launches on `stream`, allocated once per stream.
-
-    Calls on one stream run in order, so the next call may reuse what the last one used without
-    waiting: no allocation, synchronize and free per call (each of which stalled ONNX Runtime's
-    stream). Other streams get their own copies; the least recently used beyond a few is freed
-    after a device-wide synchronize (its stream may be gone by then).
-    """
-    found = p.stream_scratch.get(stream)
-    if found is not None:
-        p.stream_scratch.move_to_end(stream)
-        return found
-    if len(p.stream_scratch) >= _STREAMS_KEPT:
-        _, old = p.stream_scratch.popitem(last=False)
+def _backend_scratch(workspaces: list[Any], backend: Backend) -> StreamScratch:
+    """Per-call workspaces per stream from the backend's allocator. Each stream's copy is allocated
+    once (no allocation, synchronize and free per call: each of those stalled ONNX Runtime's
+    stream); one dropped (the least recently used beyond a few, or clear_prepared) is freed after
+    a device-wide synchronize, since its stream may be gone by then."""
+    def release(made: list[tuple[int, Any]]) -> None:
         backend.synchronize()
-        for ptr in old.values():
+        for ptr, _ in made:
             backend.free(ptr)
-    found = {ws.name: backend.alloc(ws.nbytes) for ws in workspaces}
-    p.stream_scratch[stream] = found
-    p.backend = p.backend or backend
-    return found
+
+    return StreamScratch(workspaces, lambda ws: (backend.alloc(ws.nbytes), None), release)

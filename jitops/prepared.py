@@ -1,9 +1,13 @@
 """Prepared plans: a problem's schedule, its compiled and loaded steps, and what running them needs.
 
-A plan is prepared once per (op, shapes, attributes, backend) and kept in `_cache`; every way of
-running one (the public call path in engine.py, the raw-pointer runners of pointer_runner.py, the
-tuner) launches its steps through `launch_step`, fills derived workspaces through `prepare_for`
-and takes persistent workspaces from `persistent_workspace`.
+A plan is prepared once per (op, shapes, attributes, backend) and kept in `_cache`. Each step
+carries its slot table (`Step.slots`: which kernel argument takes which buffer, of what size and
+item size, and whether it is a workspace), worked out here once. Every way of running a plan
+writes pointers through `bind` / `bind_and_launch` (the public call path in engine.py, the
+raw-pointer runners of pointer_runner.py, the tuner) or is built from the slot table (the repeat
+paths of bound_plan.py: generated Python and the C RepeatCall); per-call workspaces kept per
+stream come from one `StreamScratch`, persistent ones from `persistent_workspace`, derived ones
+through `prepare_for`.
 """
 from __future__ import annotations
 
@@ -12,18 +16,20 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from . import codegen
 from .cache import loader
 from .derived import DerivedCache
 from .device import DeviceInfo
 from .errors import ArgumentError
-from .fastcall import BoundCall
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule
 from .records import plan_failure, store as record_store
 from .runtime.base import Backend, Kernel, PackedArgs
+
+if TYPE_CHECKING:
+    from .bound_plan import BoundPlan
 
 log = logging.getLogger("jitops.engine")
 
@@ -50,12 +56,22 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
 
 # ---------------------------------------------------------------- prepared plans
 
+class Slot(NamedTuple):
+    """One pointer argument of a step: kernel argument `index` takes buffer `buffer` (an input,
+    output or workspace name) of `nbytes` bytes and `itemsize`-byte elements."""
+    index: int
+    buffer: str
+    nbytes: int
+    itemsize: int
+    workspace: bool
+
+
 @dataclass
 class Step:
     launch: Launch
     kernel: Kernel
     packed: PackedArgs
-    buffer_slots: tuple[tuple[int, str], ...]
+    slots: tuple[Slot, ...]
     run: Any = None     # backend.bind_launch(...): (packed, stream) -> None
 
 
@@ -73,8 +89,7 @@ class Prepared:
     persistent: dict[str, int] = field(default_factory=dict)       # workspace name -> pointer
     derived: DerivedCache | None = None   # workspaces computed from inputs, per input identity
     backend: Any = None                   # owner of the persistent and derived memory
-    # run_pointers: per-call workspaces kept per stream (stream order makes reuse safe), LRU
-    stream_scratch: OrderedDict[int, dict[str, int]] = field(default_factory=OrderedDict)
+    stream_scratch: "StreamScratch | None" = None   # run_pointers' per-call workspaces, per stream
     runner: Any = None                    # pointer_runner's function, made on first use
 
 
@@ -86,7 +101,8 @@ def _label(op: str, launch: Launch) -> str:
     return f"{op}.{launch.kernel}"
 
 
-def _make_step(op: str, launch: Launch, backend: Backend, itemsizes: Mapping[str, int]) -> Step:
+def _make_step(op: str, launch: Launch, backend: Backend, sizes: Mapping[str, tuple[int, int]],
+               workspaces: set[str]) -> Step:
     source = kernel_source(backend.device, launch)
     kernel = loader().kernels(backend, source, [launch.kernel], _label(op, launch))[launch.kernel]
     kinds, names, slots = [], [], []
@@ -94,7 +110,7 @@ def _make_step(op: str, launch: Launch, backend: Backend, itemsizes: Mapping[str
         if isinstance(a, Buf):
             kinds.append("ptr")
             names.append(a.name)
-            slots.append((i, a.name))
+            slots.append(Slot(i, a.name, *sizes[a.name], a.name in workspaces))
         else:
             kinds.append(a.kind)
             names.append(f"arg{i}")
@@ -106,21 +122,25 @@ def _make_step(op: str, launch: Launch, backend: Backend, itemsizes: Mapping[str
     return Step(launch, kernel, packed, tuple(slots), run)
 
 
-def _itemsizes(problem: Any, plan: Plan) -> dict[str, int]:
-    sizes = {n: ITEMSIZE[s.dtype] for n, s in {**problem.inputs(), **problem.outputs()}.items() if s is not None}
-    sizes.update({w.name: 1 for w in plan.workspaces})
+def _buffer_sizes(problem: Any, plan: Plan) -> dict[str, tuple[int, int]]:
+    """(bytes, item size) of every buffer a plan names: inputs, outputs, workspaces."""
+    sizes = {n: (s.nbytes, ITEMSIZE[s.dtype]) for n, s in {**problem.inputs(), **problem.outputs()}.items()
+             if s is not None}
+    sizes.update({w.name: (w.nbytes, 1) for w in plan.workspaces})
     return sizes
 
 
 def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule | str | None = None) -> Prepared:
     sched, origin = select_schedule(op, problem, backend.device, schedule)
     plan = op.plan(problem, sched, backend.device)
-    sizes = _itemsizes(problem, plan)
-    steps = [_make_step(op.NAME, l, backend, sizes) for l in plan.launches]
-    prep = [_make_step(op.NAME, l, backend, sizes) for l in plan.prepare]
+    sizes = _buffer_sizes(problem, plan)
+    workspaces = {w.name for w in plan.workspaces}
+    steps = [_make_step(op.NAME, l, backend, sizes, workspaces) for l in plan.launches]
+    prep = [_make_step(op.NAME, l, backend, sizes, workspaces) for l in plan.prepare]
     log.debug("%s %s -> %s [%s]", op.NAME, problem.key(), sched, origin)
     derived = DerivedCache(plan.workspaces, backend) if any(w.derived_from for w in plan.workspaces) else None
-    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, sizes, derived=derived, backend=backend)
+    itemsizes = {n: size[1] for n, size in sizes.items()}
+    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, itemsizes, derived=derived, backend=backend)
 
 
 # ---------------------------------------------------------------- the cache of prepared plans
@@ -128,8 +148,8 @@ def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule |
 class _Cache:
     def __init__(self) -> None:
         self.by_call: dict[tuple, Prepared] = {}         # general path: by shapes and attributes
-        self.bound: dict[tuple, BoundCall | None] = {}   # repeat-call path: by call signature
-        self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op
+        self.bound: dict[tuple, BoundPlan | None] = {}   # repeat-call path: by call signature
+        self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op, kept
         self.lock = threading.Lock()
         self.generation = 0     # bumped by clear_prepared: runners held elsewhere must be fetched anew
 
@@ -143,17 +163,17 @@ def clear_prepared() -> None:
         for p in _cache.by_call.values():
             if p.derived is not None:
                 p.derived.release()
-            if (p.persistent or p.stream_scratch) and p.backend is not None:
+            if p.stream_scratch is not None:
+                p.stream_scratch.clear()
+            if p.persistent and p.backend is not None:
                 p.backend.synchronize()
-                for ptr in [*p.persistent.values(), *(q for ws in p.stream_scratch.values() for q in ws.values())]:
+                for ptr in p.persistent.values():
                     p.backend.free(ptr)
             p.persistent.clear()       # a runner still held somewhere allocates anew, never reuses freed memory
-            p.stream_scratch.clear()
         _cache.by_call.clear()
         _cache.bound.clear()
-        for d in _cache.dispatch.values():
+        for d in _cache.dispatch.values():    # emptied, not dropped: the public functions hold them
             d.clear()
-        _cache.dispatch.clear()
         _cache.generation += 1
 
 
@@ -162,13 +182,56 @@ def generation() -> int:
     return _cache.generation
 
 
-def launch_step(step: Step, ptrs: Mapping[str, tuple[int, int]], itemsizes: Mapping[str, int], backend: Backend,
-            stream: int) -> None:
+def bind(step: Step, pointers: Mapping[str, int]) -> None:
+    """Write the step's pointer arguments (by buffer name) into its argument block, with the sizes
+    of its slot table; the one place that does (the repeat paths are built from the same table)."""
     packed = step.packed
-    for index, name in step.buffer_slots:
-        ptr, nbytes = ptrs[name]
-        packed.set_buffer(index, ptr, nbytes, itemsizes.get(name, 1))
-    step.run(packed, stream)
+    for slot in step.slots:
+        packed.set_buffer(slot.index, pointers[slot.buffer], slot.nbytes, slot.itemsize)
+
+
+def bind_and_launch(step: Step, pointers: Mapping[str, int], stream: int) -> None:
+    bind(step, pointers)
+    step.run(step.packed, stream)
+
+
+class StreamScratch:
+    """A plan's per-call workspaces, kept per stream: calls on one stream run in order, so each may
+    reuse what the last one used (no allocation, synchronize or free per call). The least recently
+    used stream's copy beyond `keep` is handed to `release` (which frees it in a way safe for its
+    allocator). `alloc(workspace) -> (pointer, owner)`: the owner is kept alive with the pointer."""
+
+    def __init__(self, workspaces: list[Any], alloc: Callable[[Any], tuple[int, Any]],
+                 release: Callable[[list[tuple[int, Any]]], None], keep: int = 4) -> None:
+        self.workspaces, self.alloc, self.release, self.keep = workspaces, alloc, release, keep
+        self._by_stream: OrderedDict[int, tuple[dict[str, int], list[tuple[int, Any]]]] = OrderedDict()
+
+    def get(self, stream: int) -> dict[str, int]:
+        """Workspace name -> pointer for launches on `stream` (the caller holds the plan's lock)."""
+        found = self._by_stream.get(stream)
+        if found is not None:
+            self._by_stream.move_to_end(stream)
+            return found[0]
+        if len(self._by_stream) >= self.keep:
+            self.release(self._by_stream.popitem(last=False)[1][1])
+        made = [self.alloc(w) for w in self.workspaces]
+        ptrs = {w.name: ptr for w, (ptr, _) in zip(self.workspaces, made)}
+        self._by_stream[stream] = (ptrs, made)
+        return ptrs
+
+    def clear(self) -> None:
+        while self._by_stream:
+            self.release(self._by_stream.popitem(last=False)[1][1])
+
+    def __len__(self) -> int:
+        return len(self._by_stream)
+
+    def __iter__(self) -> Any:
+        """The streams it keeps workspaces for, least recently used first."""
+        return iter(list(self._by_stream))
+
+    def __getitem__(self, stream: int) -> dict[str, int]:
+        return self._by_stream[stream][0]
 
 
 def persistent_workspace(p: Prepared, ws: Any, backend: Backend, stream: int) -> int:
@@ -182,17 +245,16 @@ def persistent_workspace(p: Prepared, ws: Any, backend: Backend, stream: int) ->
     return ptr
 
 
-def prepare_for(p: Prepared, identity: Any, sources: Any, ptrs: dict[str, tuple[int, int]], backend: Backend,
-                 stream: int) -> None:
+def prepare_for(p: Prepared, identity: Any, sources: Any, ptrs: dict[str, int], backend: Backend,
+                stream: int) -> None:
     """Derived workspaces for inputs of this identity (None: unknown, recompute), filled if new."""
     fresh = True
     if p.derived is not None:
         wptrs, fresh = p.derived.get(identity, stream, sources)
-        sizes = {w.name: w.nbytes for w in p.derived.workspaces}
-        ptrs.update({n: (ptr, sizes[n]) for n, ptr in wptrs.items()})
+        ptrs.update(wptrs)
     if fresh:
         for step in p.prepare_steps:
-            launch_step(step, ptrs, p.itemsizes, backend, stream)
+            bind_and_launch(step, ptrs, stream)
 
 
 # ---------------------------------------------------------------- compile without running

@@ -1,8 +1,9 @@
 """Per-call host cost on a GPU (issue 19), every op against torch on the same tensors, in one run:
 
-- correctness of each op against a float64 reference (outputs poisoned with NaN first),
-- eager back-to-back calls (host wall time per call over 2000 calls, best of 5, the two taking turns),
-- one synchronized call (median of 500, taking turns: Timer.latency_us),
+- the latency rows of `jitops bench` (jitops.bench.latency, one small problem per op): correctness
+  against a float64 reference (output memory poisoned with NaN first), eager back-to-back calls
+  (host wall time per call over 2000 calls, best of 5) and one synchronized call (median of 1000,
+  taking turns), plus the eager time through the Python function behind the public native entry,
 - CUDA-graph capture of each jitops call (output poisoned, replayed, equal to the eager result) and
   the graph-replay time of both,
 - ResNet-50 (torchvision, random weights, batch 1, fp32) eager with every conv through jitops (BN
@@ -14,19 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 import jitops
 from jitops import engine
+from jitops.bench import latency
 from jitops.bench.timing import Timer
 from jitops.runtime import fastlaunch
 
@@ -41,61 +40,16 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-def cases() -> dict[str, tuple[Callable, Callable, float]]:
-    """name -> (jitops call, torch(d=None) call of the same math (d: float64 for the reference),
-    tolerance of jitops against float64)."""
-    out: dict[str, tuple[Callable, Callable, float]] = {}
-    xl = rand(4096)
-    out["leaky_relu 4096 fp32"] = (lambda: jitops.leaky_relu(xl, 0.1), lambda d=None: F.leaky_relu(_c(xl, d), 0.1),
-                                   1e-6)
-    x, g, b = rand(8, 768), rand(768), rand(768)
-    out["layer_norm 8x768 fp32"] = (lambda: jitops.layer_norm(x, 768, g, b, 1e-5),
-                                    lambda d=None: F.layer_norm(_c(x, d), (768,), _c(g, d), _c(b, d), 1e-5), 1e-4)
-    out["rms_norm 8x768 fp32"] = (lambda: jitops.rms_norm(x, 768, g, 1e-6),
-                                  lambda d=None: F.rms_norm(_c(x, d), (768,), _c(g, d), 1e-6), 1e-4)
-    xc, gc, bc = rand(1, 64, 56, 56), rand(64), rand(64)
-    out["group_norm 1x64x56x56 g32 fp32"] = (lambda: jitops.group_norm(xc, 32, gc, bc, 1e-5),
-                                             lambda d=None: F.group_norm(_c(xc, d), 32, _c(gc, d), _c(bc, d), 1e-5),
-                                             1e-4)
-    mean, var = rand(64), rand(64).abs() + 0.5
-    out["batch_norm 1x64x56x56 fp32"] = (
-        lambda: jitops.batch_norm(xc, mean, var, gc, bc, 1e-5),
-        lambda d=None: F.batch_norm(_c(xc, d), _c(mean, d), _c(var, d), _c(gc, d), _c(bc, d), False, 0.0, 1e-5), 1e-4)
-    w, wb = rand(64, 64, 3, 3) * 0.05, rand(64)
-    out["conv2d 1x64x56x56 * 64x64x3x3 fp32"] = (lambda: jitops.conv2d(xc, w, wb, padding=1),
-                                                 lambda d=None: F.conv2d(_c(xc, d), _c(w, d), _c(wb, d), padding=1),
-                                                 2e-3)
-    q, k, v = (rand(1, 8, 128, 64, dtype=torch.float16) for _ in range(3))
-    out["attention 1x8x128x64 fp16"] = (lambda: jitops.attention(q, k, v),
-                                        lambda d=None: F.scaled_dot_product_attention(_c(q, d), _c(k, d), _c(v, d)),
-                                        2e-2)
-    return out
-
-
-def _c(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    return t if dtype is None else t.to(dtype)
+OPS = ("leaky_relu", "layer_norm", "rms_norm", "group_norm", "batch_norm", "conv2d", "attention")
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got = got.double()
-    return float((got - ref).abs().max() / max(float(ref.abs().max()), 1e-30))
+    return latency.relative_error(got, ref)
 
 
 def eager_us(fns: dict[str, Callable], calls: int = 2000, trials: int = 5) -> dict[str, float]:
     """Host wall time per call of `calls` back-to-back calls (synchronized at the end), best of trials."""
-    best = {n: math.inf for n in fns}
-    for fn in fns.values():
-        for _ in range(20):
-            fn()
-    torch.cuda.synchronize()
-    for _ in range(trials):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            best[name] = min(best[name], (time.perf_counter() - t0) * 1e6 / calls)
-    return best
+    return Timer(torch).eager_us(fns, calls=calls, trials=trials)
 
 
 def graph_check(fn: Callable) -> dict[str, Any]:
@@ -122,49 +76,48 @@ def graph_check(fn: Callable) -> dict[str, Any]:
 
 
 def op_rows(timer: Timer, budget_end: float) -> dict[str, Any]:
+    """Every op's bench latency problem (jitops.bench.latency): the numbers `jitops bench` reports,
+    plus graph capture, graph replay, and the eager time of the Python function behind the public
+    one (the repeat path before native entries: repeat_call, then the same C dispatch)."""
     rows: dict[str, Any] = {}
-    for name, (jit, ref_fn, tol) in cases().items():
+    for op in OPS:
+        case = latency.default_case(op, torch)
+        name = f"{op} {case.problem}"
         if time.perf_counter() > budget_end:
             rows[name] = {"skipped": "time budget"}
             continue
         try:
-            rows[name] = op_row(name, jit, ref_fn, tol, timer)
+            rows[name] = op_row(op, case, timer)
         except Exception as exc:
             rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         log(f"{name}: {json.dumps(rows[name])}")
     return rows
 
 
-def op_row(name: str, jit: Callable, ref_fn: Callable, tol: float, timer: Timer) -> dict[str, Any]:
-    row: dict[str, Any] = {}
+def op_row(op: str, case: latency.LatencyCase, timer: Timer) -> dict[str, Any]:
     t0 = time.perf_counter()
-    y = jit()
+    case.jitops()
     torch.cuda.synchronize()
-    row["first_call_s"] = time.perf_counter() - t0
-    ref = ref_fn(torch.float64)
-    poison = torch.full_like(y, float("nan"))      # freed NaN blocks: the next outputs likely reuse them
-    del y, poison
-    jit()
-    y = jit()                                      # a repeat call (the native path when available)
-    torch.cuda.synchronize()
-    row["rel_err_vs_fp64"] = rel_err(y, ref)
-    row["torch_rel_err_vs_fp64"] = rel_err(ref_fn(), ref)
-    row["correct"] = bool(row["rel_err_vs_fp64"] <= tol and not torch.isnan(y).any())
-    op = name.split()[0]
+    row: dict[str, Any] = {"first_call_s": time.perf_counter() - t0}
+    row.update(latency.measure(case, timer, torch))         # float64 check, then sync and eager timings
+    entry = getattr(jitops, op)
+    row["native_entry"] = hasattr(entry, "fallback")
     row["native_path"] = any(b is not None and b.native is not None for k, b in engine._cache.bound.items()
                              if k[0] == op)
-    fns = {"jitops": jit, "torch": ref_fn}
-    row["eager_us"] = eager_us(fns)
-    row["sync_latency_us"] = timer.latency_us(fns, calls=500)
+    if row["native_entry"]:
+        setattr(jitops, op, entry.fallback)    # the case's closures look the function up at call time
+        try:
+            row["eager_us"]["jitops_python_function"] = timer.eager_us({"f": case.jitops})["f"]
+        finally:
+            setattr(jitops, op, entry)
     try:
-        row["graph"] = graph_check(jit)
+        row["graph"] = graph_check(case.jitops)
     except Exception as exc:
         row["graph"] = {"captured": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    row["graph_replay_us"] = {"jitops": timer.graph_us(jit, n=20), "torch": timer.graph_us(ref_fn, n=20)}
-    for key in ("eager_us", "sync_latency_us", "graph_replay_us"):
-        r = row[key]
-        if r.get("jitops") and r.get("torch"):
-            r["torch_over_jitops"] = r["torch"] / r["jitops"]
+    row["graph_replay_us"] = {"jitops": timer.graph_us(case.jitops, n=20), "torch": timer.graph_us(case.torch, n=20)}
+    r = row["graph_replay_us"]
+    if r["jitops"] and r["torch"]:
+        r["torch_over_jitops"] = r["torch"] / r["jitops"]
     return row
 
 
@@ -250,7 +203,7 @@ def resnet(budget_end: float) -> dict[str, Any]:
         ref = model.double()(x.double())
         model.float()
         t0 = time.perf_counter()
-        y_jit = jit(x)
+        jit(x)
         torch.cuda.synchronize()
         out["first_forward_s"] = time.perf_counter() - t0
         y_torch = model(x)
@@ -263,6 +216,13 @@ def resnet(budget_end: float) -> dict[str, Any]:
         fns = {"jitops": lambda: jit(x), "torch": lambda: model(x)}
         out["eager_ms"] = {k: v / 1e3 for k, v in eager_us(fns, calls=20, trials=5).items()}
         out["eager_ms"]["torch_over_jitops"] = out["eager_ms"]["torch"] / out["eager_ms"]["jitops"]
+        entry = jitops.conv2d
+        if hasattr(entry, "fallback"):          # JitConv looks jitops.conv2d up at call time
+            jitops.conv2d = entry.fallback
+            try:
+                out["eager_ms"]["jitops_python_function"] = eager_us({"f": fns["jitops"]}, calls=20)["f"] / 1e3
+            finally:
+                jitops.conv2d = entry
         native = sum(1 for k, b in engine._cache.bound.items() if k[0] == "conv2d" and b is not None and b.native)
         out["conv_bound_calls_native"] = native
     log(f"resnet: {out}")
@@ -280,9 +240,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "jitops": jitops.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.version.split()[0],
         "native_launcher": fastlaunch.origin or "unavailable", "jitops_file": jitops.__file__,
-        "note": "eager_us: host wall time per call, 2000 back-to-back calls + one synchronize, best of 5; "
-                "sync_latency_us: one call + synchronize, median of 500, jitops and torch taking turns; "
-                "graph_replay_us: 20 calls captured in one graph, median replay / 20",
+        "note": latency.NOTE + "; jitops_python_function: the Python function behind the public native "
+                "entry; graph_replay_us: 20 calls captured in one graph, median replay / 20",
     }
     log(f"{report['device']} torch {report['torch']} launcher {report['native_launcher']}")
     timer = Timer(torch)

@@ -1,4 +1,4 @@
-"""The native repeat-call path (runtime/native/jitops_launch.c: FastCall, Dispatch) on the probe
+"""The native repeat-call path (runtime/native/jitops_launch.c: RepeatCall, Dispatch) on the probe
 backend: kernels compile and load like the emulator's, launches are recorded, nothing runs. What
 is checked: each repeat call launches with its own arrays' pointers and the plan's scalars; a call
 whose signature differs takes the general path (and its errors); every public function finds its
@@ -122,7 +122,7 @@ def test_clear_prepared_forgets_native_calls(probe, monkeypatch):
     x = torch.randn(1000)
     jitops.leaky_relu(x)
     engine.clear_prepared()
-    assert not engine._cache.dispatch
+    assert not any(len(d) for d in engine._cache.dispatch.values())     # emptied (the entries hold them)
     seen = []
     real = engine._run_general
     monkeypatch.setattr(engine, "_run_general", lambda *a, **k: seen.append(1) or real(*a, **k))
@@ -136,7 +136,7 @@ def test_emulator_results_unchanged_by_the_probe(emu):
     for _ in range(2):
         y = jitops.leaky_relu(x, 0.3)
         np.testing.assert_allclose(y.numpy(), np.where(x > 0, x, 0.3 * x), rtol=1e-6)
-    assert "leaky_relu" not in engine._cache.dispatch
+    assert not len(engine._cache.dispatch["leaky_relu"])
     assert get_op("leaky_relu") is not None
 
 
@@ -227,7 +227,7 @@ def test_repeat_calls_allocate_only_outputs_and_never_synchronize(probe, monkeyp
 
 
 def test_freed_derived_memory_is_never_used(probe):
-    """A FastCall held past clear_prepared (which frees derived data and scratch) asks again."""
+    """A RepeatCall held past clear_prepared (which frees derived data and scratch) asks again."""
     args, kwargs = CASES["batch_norm"](lambda *shape: torch.randn(*shape))
     jitops.batch_norm(*args, **kwargs)
     bound = bound_for("batch_norm", probe)
@@ -262,15 +262,15 @@ def test_dispatch_finds_any_of_many_signatures(probe, monkeypatch):
 
 
 def test_released_bound_calls_are_freed(probe):
-    """A bound call with derived data and scratch is freed once the engine drops it (its FastCall's
-    callbacks must not keep it alive: FastCall takes no part in garbage collection)."""
+    """A bound call with derived data and scratch is freed once the engine drops it (its RepeatCall's
+    callbacks must not keep it alive: RepeatCall takes no part in garbage collection)."""
     import gc
     import weakref
     args, kwargs = CASES["conv2d-winograd"](lambda *shape: torch.randn(*shape))
     jitops.conv2d(*args, **kwargs)
     jitops.conv2d(*args, **kwargs)
     bound = weakref.ref(bound_for("conv2d", probe))
-    assert bound().native is not None and bound()._scratch
+    assert bound().native is not None and len(bound().scratch_table)
     engine.clear_prepared()
     gc.collect()
     assert bound() is None

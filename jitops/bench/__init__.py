@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .._version import __version__
+from . import latency
 from .timing import Timer, copy_bandwidth_gbs
 
 log = logging.getLogger("jitops.bench")
@@ -162,6 +163,7 @@ def run(ops: Iterable[str] | None = None, quick: bool = False, json_path: str | 
          f"jitops {env['jitops']} bench on {env['device']} ({env['backend']}): correctness and emulator timings only")
     rows: list[Row] = []
     extras: dict[str, Any] = {}
+    latency_rows: list[dict[str, Any]] = []
     for op in ops or bench_ops():
         module = importlib.import_module(_bench_module(op))
         for case in module.cases(ctx):
@@ -174,9 +176,15 @@ def run(ops: Iterable[str] | None = None, quick: bool = False, json_path: str | 
             echo(format_table([row]).splitlines()[-1])
         if hasattr(module, "extras"):
             extras[op] = module.extras(ctx)
+        if (lat := latency.op_latency(op, module, ctx)) is not None:    # every op: one small problem
+            latency_rows.append(lat)
+            echo(f"{op} latency {lat['problem']}: sync {lat['sync_us']}, eager {lat['eager_us']}")
     echo("")
     echo(format_table(rows))
-    report = {"environment": env, "rows": [asdict(r) for r in rows], "extras": extras}
+    report = {"environment": env, "rows": [asdict(r) for r in rows], "extras": extras, "latency": latency_rows,
+              "latency_note": latency.NOTE}
+    if latency_rows:
+        echo(latency.markdown(report))
     for op, extra in extras.items():
         echo(f"\n{op}: " + json.dumps(extra, indent=1))
     if json_path:

@@ -103,6 +103,25 @@ class Timer:
         return {name: statistics.median(v) for name, v in samples.items()}
 
 
+    def eager_us(self, fns: dict[str, Callable[[], Any]], calls: int = 2000, trials: int = 5) -> dict[str, float]:
+        """Host wall time per call of `calls` back-to-back calls and one synchronize, best of
+        `trials`, the functions taking turns trial by trial: what an eager program pays per op
+        when the device keeps up (small problems: the host path is the cost)."""
+        best = {name: float("inf") for name in fns}
+        for fn in fns.values():
+            for _ in range(20):
+                fn()
+        self.sync()
+        for _ in range(trials):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                self.sync()
+                best[name] = min(best[name], (time.perf_counter() - t0) * 1e6 / calls)
+        return best
+
+
 def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float | None:
     """Device-to-device copy, counting bytes read plus written, in GB/s."""
     if not timer.on_device:

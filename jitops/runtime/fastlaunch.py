@@ -3,7 +3,7 @@ jitops.runtime.jitops_launch, else (a source checkout, a wheel built without a c
 with the host C compiler on first use.
 
 A Python binding spends microseconds converting eleven launch arguments; this extension calls
-the driver's launch entry point directly, and runs whole repeat calls (FastCall, Dispatch). When
+the driver's launch entry point directly, and runs whole repeat calls (RepeatCall, Dispatch). When
 neither copy is available, backends fall back to their binding's launch and repeat calls to the
 generated Python path; that is warned about once, naming what is missing.
 """
@@ -37,20 +37,30 @@ _failed = False
 origin: str = ""        # where the loaded launcher came from: "prebuilt" (built with the package) or a path
 
 
-def native_launcher() -> ModuleType | None:
-    """The extension module with launch(entry, kernel, gx, gy, gz, bx, by, bz, shared, stream, params)."""
+_unwarned: list[str] = []   # warnings held back by a quiet first try, given by the next plain one
+
+
+def native_launcher(quiet: bool = False) -> ModuleType | None:
+    """The extension module with launch(entry, kernel, gx, gy, gz, bx, by, bz, shared, stream, params).
+
+    quiet: what goes wrong is warned about only when a later call without `quiet` asks (`import
+    jitops` tries quietly: a program that never launches on a GPU needs no launcher)."""
     global _module, _failed
-    if _module is not None or _failed:
-        return _module
-    with _lock:
-        if _module is None and not _failed:
-            _module = _prebuilt() or _compiled()
-            _failed = _module is None
+    if _module is None and not _failed:
+        with _lock:
+            if _module is None and not _failed:
+                _module = _prebuilt() or _compiled()
+                _failed = _module is None
+    if _unwarned and not quiet:
+        with _lock:
+            held, _unwarned[:] = list(_unwarned), []
+        for message in held:
+            config.warn(log, message)
     return _module
 
 
 def memory_released() -> None:
-    """Memory a FastCall may remember (derived data, per-stream scratch) was freed: every FastCall
+    """Memory a RepeatCall may remember (derived data, per-stream scratch) was freed: every RepeatCall
     forgets what it remembered (the next call asks Python again)."""
     if _module is not None and hasattr(_module, "memory_released"):
         _module.memory_released()
@@ -95,13 +105,13 @@ def _compiled() -> ModuleType | None:
         loader.exec_module(module)
     except Exception as exc:  # no compiler, no Python.h, ...: the binding's launch still works
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        config.warn(log, f"jitops native launcher unavailable (no prebuilt copy in this installation, and "
+        _unwarned.append(f"jitops native launcher unavailable (no prebuilt copy in this installation, and "
                          f"building it failed: {reason}); kernels launch through the Python binding and "
                          f"repeat calls take the Python path (a few microseconds more per call)")
         return None
     origin = str(path)
     if not config.is_checkout():
-        config.warn(log, f"jitops native launcher: no prebuilt copy in this installation (the wheel was built "
+        _unwarned.append(f"jitops native launcher: no prebuilt copy in this installation (the wheel was built "
                          f"without a C compiler?); built {path.name} with the host compiler instead")
     return module
 
@@ -110,8 +120,8 @@ def bind_native(module: ModuleType, entry: int, handle: int, grid: Sequence[int]
                 shared: int, fail_at: Callable[[int, int, int], None]) -> Callable[[Any, int], None]:
     """A backend's bound launch through the native launcher: launch(args: PackedArgs, stream).
 
-    It carries what the repeat paths need (fastcall.py): `native`, the launcher call's fixed
-    arguments, for generated code and FastCall; `fail_at(rc, params, stream)`, the backend's retry
+    It carries what the repeat paths need (bound_plan.py): `native`, the launcher call's fixed
+    arguments, for generated code and RepeatCall; `fail_at(rc, params, stream)`, the backend's retry
     or error for a launch that returned rc with the given argument block; `fail(rc, args, stream)`."""
     gx, gy, gz = (int(v) for v in grid)
     bx, by, bz = (int(v) for v in block)

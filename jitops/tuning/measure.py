@@ -155,7 +155,7 @@ class ProblemBench:
             if k.static_shared + lc.shared_bytes > dev.shared_per_block_optin:
                 raise UnfitSchedule(f"{k.name}: {k.static_shared} + {lc.shared_bytes} bytes of shared memory > "
                                     f"{dev.shared_per_block_optin}")
-        ptrs = dict(self.ptrs)
+        ptrs = {name: ptr for name, (ptr, _) in self.ptrs.items()}
         loaded = Loaded(schedule, [], [])
         for ws in prepared.plan.workspaces:
             ptr = be.alloc(max(ws.nbytes, 1))
@@ -164,13 +164,11 @@ class ProblemBench:
                 be.memset(ptr, 0, ws.nbytes)
                 if not ws.persistent:
                     loaded.zero_each_call.append((ptr, ws.nbytes))
-            ptrs[ws.name] = (ptr, ws.nbytes)
-        for step in (*prepared.prepare_steps, *prepared.steps):
-            for index, name in step.buffer_slots:
-                ptr, nbytes = ptrs[name]
-                step.packed.set_buffer(index, ptr, nbytes, prepared.itemsizes.get(name, 1))
+            ptrs[ws.name] = ptr
         for step in prepared.prepare_steps:   # derived workspaces: once, as for fixed weights
-            step.run(step.packed, 0)
+            engine.bind_and_launch(step, ptrs, 0)
+        for step in prepared.steps:           # bound once: every timed run launches the same buffers
+            engine.bind(step, ptrs)
         loaded.calls = [(step.run, step.packed) for step in prepared.steps]
         be.synchronize()
         return loaded

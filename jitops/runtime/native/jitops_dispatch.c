@@ -1,7 +1,8 @@
-/* Dispatch: an op's repeat calls (FastCall, jitops_fastcall.c), found by a hash of the call's
- * signature; and the signature checks both use. */
+/* Dispatch: an op's repeat calls (RepeatCall, jitops_fastcall.c), found by a hash of the call's
+ * signature; the signature checks both use; and Entry, an op's public function in front of its Dispatch. */
 #include "jitops_native.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -117,7 +118,7 @@ static Py_hash_t sig_hash_read(PyObject* backend, PyObject* attrs, const jt_sig*
 
 typedef struct {
   Py_hash_t hash;
-  PyObject* entry; /* (backend, attrs, FastCall), NULL: empty */
+  PyObject* entry; /* (backend, attrs, RepeatCall), NULL: empty */
 } dslot;
 
 typedef struct {
@@ -132,6 +133,11 @@ static void dispatch_empty(Dispatch* self) {
   Py_ssize_t i;
   for (i = 0; i < self->cap; i++) Py_CLEAR(self->table[i].entry);
   self->count = 0;
+}
+
+static void dispatch_forget(Dispatch* self) { /* clear(): the next entry may expect another array type */
+  dispatch_empty(self);
+  Py_CLEAR(self->base);
 }
 
 static void dispatch_dealloc(Dispatch* self) {
@@ -181,7 +187,7 @@ static int dispatch_grow(Dispatch* self) {
   return 0;
 }
 
-/* add(backend, attrs: tuple, call: FastCall) -> whether it was filed (False: an array type other
+/* add(backend, attrs: tuple, call: RepeatCall) -> whether it was filed (False: an array type other
  * than the one this table's entries expect, or an unhashable attribute) */
 static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   PyObject *backend, *attrs, *call, *expect, *entry;
@@ -189,7 +195,7 @@ static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   PyTypeObject* type = NULL;
   Py_ssize_t i, n;
   Py_hash_t hash;
-  if (!PyArg_ParseTuple(args, "OO!O!", &backend, &PyTuple_Type, &attrs, &JtFastCallType, &call)) return NULL;
+  if (!PyArg_ParseTuple(args, "OO!O!", &backend, &PyTuple_Type, &attrs, &JtRepeatCallType, &call)) return NULL;
   expect = jt_fastcall_expect(call);
   n = PyTuple_GET_SIZE(expect);
   for (i = 0; i < n; i++) {
@@ -241,31 +247,23 @@ static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
   Py_RETURN_TRUE;
 }
 
-/* d(backend, inputs: tuple, attrs: tuple) -> the result, or `miss` */
-static PyObject* dispatch_call(Dispatch* self, PyObject* args, PyObject* kwds) {
-  PyObject *backend, *inputs, *attrs, *found = NULL;
+/* The repeat call of `d` for (backend, inputs, attrs), run: 1 with *result set (the outputs), 0 no
+ * entry matches (or an input is strided), -1 error. */
+int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* attrs, PyObject** result) {
+  Dispatch* self = (Dispatch*)d;
+  PyObject* found = NULL;
   jt_sig sig[FC_MAX_PTRS];
-  Py_ssize_t i, n;
+  Py_ssize_t i, n = PyTuple_GET_SIZE(inputs);
   Py_hash_t hash;
   int m;
-  if (kwds != NULL || PyTuple_GET_SIZE(args) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(args, 1))) {
-    PyErr_SetString(PyExc_TypeError, "Dispatch takes (backend, inputs: tuple, attrs: tuple)");
-    return NULL;
-  }
-  backend = PyTuple_GET_ITEM(args, 0);
-  inputs = PyTuple_GET_ITEM(args, 1);
-  attrs = PyTuple_GET_ITEM(args, 2);
-  n = PyTuple_GET_SIZE(inputs);
-  if (self->count == 0 || self->base == NULL || n > FC_MAX_PTRS) goto miss;
-  if ((m = jt_sig_read(inputs, self->base, sig)) <= 0) {
-    if (m < 0) return NULL;
-    goto miss;
-  }
+  *result = NULL;
+  if (self->count == 0 || self->base == NULL || n > FC_MAX_PTRS) return 0;
+  if ((m = jt_sig_read(inputs, self->base, sig)) <= 0) return m;
   hash = sig_hash_read(backend, attrs, sig, n);
   if (hash == -1) { /* an unhashable attribute: the general path deals with it */
     jt_sig_release(sig, n);
     PyErr_Clear();
-    goto miss;
+    return 0;
   }
   for (i = (Py_ssize_t)((Py_uhash_t)hash & (Py_uhash_t)(self->cap - 1)); self->table[i].entry != NULL;
        i = (i + 1) & (self->cap - 1)) {
@@ -275,7 +273,7 @@ static PyObject* dispatch_call(Dispatch* self, PyObject* args, PyObject* kwds) {
     if (m == 1) m = jt_sig_equal(jt_fastcall_expect(PyTuple_GET_ITEM(entry, 2)), sig, n);
     if (m < 0) {
       jt_sig_release(sig, n);
-      return NULL;
+      return -1;
     }
     if (m) {
       found = PyTuple_GET_ITEM(entry, 2);
@@ -284,21 +282,37 @@ static PyObject* dispatch_call(Dispatch* self, PyObject* args, PyObject* kwds) {
     }
   }
   jt_sig_release(sig, n);
-  if (found != NULL) {
-    PyObject* result = NULL;
-    m = jt_all_contiguous(inputs);
-    if (m == 1) result = jt_fastcall_run(found, inputs);
-    Py_DECREF(found);
-    if (m == 1 || m < 0) return result;
+  if (found == NULL) return 0;
+  m = jt_all_contiguous(inputs);
+  if (m == 1) {
+    *result = jt_fastcall_run(found, inputs);
+    if (*result == NULL) m = -1;
   }
-miss:
-  Py_INCREF(self->miss);
-  return self->miss;
+  Py_DECREF(found);
+  return m;
+}
+
+/* d(backend, inputs: tuple, attrs: tuple) -> the result, or `miss` */
+static PyObject* dispatch_call(Dispatch* self, PyObject* args, PyObject* kwds) {
+  PyObject* result;
+  int m;
+  if (kwds != NULL || PyTuple_GET_SIZE(args) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(args, 1))) {
+    PyErr_SetString(PyExc_TypeError, "Dispatch takes (backend, inputs: tuple, attrs: tuple)");
+    return NULL;
+  }
+  m = jt_dispatch_run((PyObject*)self, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1),
+                      PyTuple_GET_ITEM(args, 2), &result);
+  if (m < 0) return NULL;
+  if (m == 0) {
+    Py_INCREF(self->miss);
+    return self->miss;
+  }
+  return result;
 }
 
 static PyObject* dispatch_clear(Dispatch* self, PyObject* noargs) {
   (void)noargs;
-  dispatch_empty(self);
+  dispatch_forget(self);
   Py_RETURN_NONE;
 }
 
@@ -322,4 +336,245 @@ PyTypeObject JtDispatchType = {
     .tp_call = (ternaryfunc)dispatch_call,
     .tp_methods = dispatch_methods,
     .tp_as_sequence = &dispatch_as_sequence,
+};
+
+/* ---------------------------------------------------------------- Entry
+ * An op's public function as a C callable, so that a repeat call runs no Python frame before the
+ * driver's launch: it binds the call's arguments to the Python function's parameters (positional
+ * or by keyword, defaults filled in), sorts them into the inputs and attributes the op's Dispatch
+ * is keyed by, reads the current backend, and runs the matching RepeatCall. Anything it does not
+ * handle (no match, an unknown or repeated keyword, a missing argument, a non-None `out`,
+ * `schedule` or `layout`) goes to the Python function unchanged, which also owns every error
+ * message. Its __dict__ carries the Python function's __wrapped__, __doc__, __name__, ...: help()
+ * and inspect.signature() see the Python function's. Entries live as long as their module (no
+ * garbage-collection support). */
+
+#define ENTRY_MAX_PARAMS 32
+#ifndef Py_TPFLAGS_HAVE_VECTORCALL
+#define Py_TPFLAGS_HAVE_VECTORCALL _Py_TPFLAGS_HAVE_VECTORCALL /* Python 3.8 */
+#endif
+
+enum { ROLE_INPUT = 0, ROLE_ATTR = 1, ROLE_NONE = 2 }; /* ROLE_NONE: only None stays on the C path */
+
+typedef struct {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;
+  PyObject* fallback;       /* the Python function */
+  PyObject* dispatch;       /* the op's Dispatch */
+  PyObject* names;          /* parameter names, positional-or-keyword first */
+  PyObject* defaults;       /* per parameter: its default, or `required` */
+  PyObject* required;
+  PyObject* local;          /* the threading.local use_backend sets `backend` on */
+  PyObject* globals;        /* a dict whose "_default" is None or (key, backend) */
+  PyObject* current;        /* current_backend(): when neither names a backend */
+  Py_ssize_t n_positional, n_params, n_inputs, n_attrs;
+  unsigned char role[ENTRY_MAX_PARAMS];
+} Entry;
+
+static PyObject *s_dict, *s_backend, *s_default;
+
+static void entry_dealloc(Entry* self) {
+  Py_XDECREF(self->dict);
+  Py_XDECREF(self->fallback);
+  Py_XDECREF(self->dispatch);
+  Py_XDECREF(self->names);
+  Py_XDECREF(self->defaults);
+  Py_XDECREF(self->required);
+  Py_XDECREF(self->local);
+  Py_XDECREF(self->globals);
+  Py_XDECREF(self->current);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* The backend current_backend() would return (new reference), without its Python frame. */
+static PyObject* entry_backend(Entry* self) {
+  PyObject *d = PyObject_GetAttr(self->local, s_dict), *b;
+  if (d == NULL) return NULL;
+  b = PyDict_GetItemWithError(d, s_backend);
+  Py_DECREF(d);
+  if (b != NULL && b != Py_None) {
+    Py_INCREF(b);
+    return b;
+  }
+  if (PyErr_Occurred()) return NULL;
+  d = PyDict_GetItemWithError(self->globals, s_default);
+  if (d != NULL && PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 2) {
+    b = PyTuple_GET_ITEM(d, 1);
+    Py_INCREF(b);
+    return b;
+  }
+  if (PyErr_Occurred()) return NULL;
+  return PyObject_CallNoArgs(self->current);
+}
+
+static Py_ssize_t entry_param(Entry* self, PyObject* key) {
+  Py_ssize_t j;
+  for (j = 0; j < self->n_params; j++)
+    if (PyTuple_GET_ITEM(self->names, j) == key) return j;
+  for (j = 0; j < self->n_params; j++)
+    if (PyUnicode_Compare(PyTuple_GET_ITEM(self->names, j), key) == 0) return j;
+  PyErr_Clear();
+  return -1;
+}
+
+static PyObject* entry_vectorcall(Entry* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0, i, j;
+  Py_ssize_t ni = 0, na = 0;
+  PyObject* vals[ENTRY_MAX_PARAMS];
+  PyObject *inputs = NULL, *attrs = NULL, *backend = NULL, *result = NULL;
+  int m = 0;
+  if (nargs > self->n_positional) goto fallback;
+  for (i = 0; i < self->n_params; i++) vals[i] = i < nargs ? args[i] : NULL;
+  for (i = 0; i < nkw; i++) {
+    j = entry_param(self, PyTuple_GET_ITEM(kwnames, i));
+    if (j < 0 || vals[j] != NULL) goto fallback;
+    vals[j] = args[nargs + i];
+  }
+  for (i = 0; i < self->n_params; i++) {
+    if (vals[i] == NULL) vals[i] = PyTuple_GET_ITEM(self->defaults, i);
+    if (vals[i] == self->required || (self->role[i] == ROLE_NONE && vals[i] != Py_None)) goto fallback;
+  }
+  inputs = PyTuple_New(self->n_inputs);
+  attrs = inputs ? PyTuple_New(self->n_attrs) : NULL;
+  if (attrs == NULL) goto done;
+  for (i = 0; i < self->n_params; i++) {
+    if (self->role[i] == ROLE_NONE) continue;
+    Py_INCREF(vals[i]);
+    if (self->role[i] == ROLE_INPUT)
+      PyTuple_SET_ITEM(inputs, ni++, vals[i]);
+    else
+      PyTuple_SET_ITEM(attrs, na++, vals[i]);
+  }
+  if ((backend = entry_backend(self)) == NULL) goto done;
+  m = jt_dispatch_run(self->dispatch, backend, inputs, attrs, &result);
+done:
+  Py_XDECREF(inputs);
+  Py_XDECREF(attrs);
+  Py_XDECREF(backend);
+  if (m != 0 || PyErr_Occurred()) return result; /* found (result) or an error (NULL) */
+fallback:
+  return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* Entry(fallback, dispatch, names: tuple, n_positional, defaults: tuple, required, roles: bytes,
+ *       local, globals: dict, current) */
+static int entry_init(Entry* self, PyObject* args, PyObject* kwds) {
+  PyObject *fallback, *dispatch, *names, *defaults, *required, *local, *globals, *current;
+  const char* roles;
+  Py_ssize_t n_positional, n_roles, i;
+  (void)kwds;
+  if (s_dict == NULL) {
+    s_dict = PyUnicode_InternFromString("__dict__");
+    s_backend = PyUnicode_InternFromString("backend");
+    s_default = PyUnicode_InternFromString("_default");
+    if (!s_dict || !s_backend || !s_default) return -1;
+  }
+  if (!PyArg_ParseTuple(args, "OO!O!nO!Oy#OO!O", &fallback, &JtDispatchType, &dispatch, &PyTuple_Type, &names,
+                        &n_positional, &PyTuple_Type, &defaults, &required, &roles, &n_roles, &local, &PyDict_Type,
+                        &globals, &current))
+    return -1;
+  if (self->fallback != NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "Entry is initialized once");
+    return -1;
+  }
+  if (!PyCallable_Check(fallback) || !PyCallable_Check(current) || PyTuple_GET_SIZE(names) > ENTRY_MAX_PARAMS ||
+      PyTuple_GET_SIZE(defaults) != PyTuple_GET_SIZE(names) || n_roles != PyTuple_GET_SIZE(names) ||
+      n_positional < 0 || n_positional > n_roles) {
+    PyErr_SetString(PyExc_ValueError, "Entry: one name, default and role per parameter (at most 32)");
+    return -1;
+  }
+  for (i = 0; i < n_roles; i++) {
+    if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, i)) || roles[i] > ROLE_NONE) {
+      PyErr_SetString(PyExc_ValueError, "Entry: parameter names are str, roles 0 (input), 1 (attribute), 2 (None)");
+      return -1;
+    }
+    self->role[i] = (unsigned char)roles[i];
+    self->n_inputs += roles[i] == ROLE_INPUT;
+    self->n_attrs += roles[i] == ROLE_ATTR;
+  }
+  self->n_params = n_roles;
+  self->n_positional = n_positional;
+  self->names = PyTuple_New(n_roles);
+  if (self->names == NULL) return -1;
+  for (i = 0; i < n_roles; i++) { /* interned: keywords are usually found by identity */
+    PyObject* name = PyTuple_GET_ITEM(names, i);
+    Py_INCREF(name);
+    PyUnicode_InternInPlace(&name);
+    PyTuple_SET_ITEM(self->names, i, name);
+  }
+#define KEEP(field, value) (Py_INCREF(value), self->field = (value))
+  KEEP(fallback, fallback);
+  KEEP(dispatch, dispatch);
+  KEEP(defaults, defaults);
+  KEEP(required, required);
+  KEEP(local, local);
+  KEEP(globals, globals);
+  KEEP(current, current);
+#undef KEEP
+  self->vectorcall = (vectorcallfunc)entry_vectorcall;
+  return 0;
+}
+
+/* Bound as a method (a class attribute) it stays itself, as built-in functions do; and pydoc
+ * documents it as a routine: the Python function's signature and docstring. */
+static PyObject* entry_get(PyObject* self, PyObject* obj, PyObject* type) {
+  (void)obj; (void)type;
+  Py_INCREF(self);
+  return self;
+}
+
+static PyObject* entry_repr(Entry* self) {
+  PyObject* name = self->dict ? PyDict_GetItemString(self->dict, "__qualname__") : NULL;
+  return PyUnicode_FromFormat("<jitops function %S>", name ? name : Py_None);
+}
+
+/* Pickled by name, as functions are: pickle looks __qualname__ up in __module__. */
+static PyObject* entry_reduce(Entry* self, PyObject* noargs) {
+  PyObject* name = self->dict ? PyDict_GetItemString(self->dict, "__qualname__") : NULL;
+  (void)noargs;
+  if (name == NULL) {
+    PyErr_SetString(PyExc_TypeError, "Entry without __qualname__ cannot be pickled");
+    return NULL;
+  }
+  Py_INCREF(name);
+  return name;
+}
+
+static PyObject* entry_fallback(Entry* self, void* closure) {
+  (void)closure;
+  Py_INCREF(self->fallback);
+  return self->fallback;
+}
+
+static PyObject* entry_dispatch(Entry* self, void* closure) {
+  (void)closure;
+  Py_INCREF(self->dispatch);
+  return self->dispatch;
+}
+
+static PyMethodDef entry_methods[] = {{"__reduce__", (PyCFunction)entry_reduce, METH_NOARGS, NULL},
+                                      {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef entry_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"fallback", (getter)entry_fallback, NULL, "the Python function every call it does not handle goes to", NULL},
+    {"dispatch", (getter)entry_dispatch, NULL, "the op's Dispatch", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject JtEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "jitops_launch.Entry",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "an op's public function: its native repeat call when one matches, else the Python function",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)entry_init,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Entry, vectorcall),
+    .tp_dictoffset = offsetof(Entry, dict),
+    .tp_descr_get = entry_get,
+    .tp_repr = (reprfunc)entry_repr,
+    .tp_methods = entry_methods,
+    .tp_getset = entry_getset,
 };

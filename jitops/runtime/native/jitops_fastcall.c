@@ -1,6 +1,7 @@
-/* FastCall: a whole repeat call of a bound plan in C (an op's Dispatch, jitops_dispatch.c, finds it).
+/* RepeatCall: a whole repeat call of a bound plan in C (an op's Dispatch, jitops_dispatch.c, finds it;
+ * bound_plan.py builds it from the plan's slot table; the file keeps its old name for setup.py).
  *
- * A FastCall reads the arrays' pointers (their data_ptr()), allocates the outputs through Python
+ * A RepeatCall reads the arrays' pointers (their data_ptr()), allocates the outputs through Python
  * callables (e.g. torch.empty_like: the caller's allocator), reads the current stream, finds its
  * per-stream scratch and its derived data (transformed weights, folded statistics) in tables it
  * keeps itself, then writes the pointer arguments into its own argument storage and launches.
@@ -20,10 +21,10 @@
 
 #define FC_MAX_FP 8     /* inputs derived data is computed from */
 #define FC_MAX_WS 8     /* derived workspaces, and per-call scratch buffers */
-#define FC_MEMO 16      /* derived-data identities remembered per FastCall (layers sharing a shape) */
+#define FC_MEMO 16      /* derived-data identities remembered per RepeatCall (layers sharing a shape) */
 #define FC_STREAMS 4    /* streams whose scratch is remembered */
 
-/* Bumped whenever memory a FastCall may remember was freed; what was remembered before is stale. */
+/* Bumped whenever memory a RepeatCall may remember was freed; what was remembered before is stale. */
 static unsigned long long epoch = 1;
 
 PyObject* jt_memory_released(PyObject* self, PyObject* noargs) {
@@ -67,7 +68,7 @@ static int seq_ull(PyObject* seq, Py_ssize_t i, unsigned long long* out) {
   return as_ull(PySequence_GetItem(seq, i), out);
 }
 
-/* ---------------------------------------------------------------- FastCall */
+/* ---------------------------------------------------------------- RepeatCall */
 
 typedef struct {
   launch_fn entry;
@@ -110,9 +111,9 @@ typedef struct {
   Py_ssize_t n_scratch;
   fc_scratch scr[FC_STREAMS];
   Py_ssize_t scr_next;
-} FastCall;
+} RepeatCall;
 
-static void fc_forget_memo(FastCall* self) {
+static void fc_forget_memo(RepeatCall* self) {
   Py_ssize_t i, k;
   for (i = 0; i < FC_MEMO; i++) {
     for (k = 0; k < FC_MAX_FP; k++) Py_CLEAR(self->memo[i].guard[k]);
@@ -121,7 +122,7 @@ static void fc_forget_memo(FastCall* self) {
   for (i = 0; i < FC_STREAMS; i++) self->scr[i].epoch = 0;
 }
 
-static void fc_dealloc(FastCall* self) {
+static void fc_dealloc(RepeatCall* self) {
   Py_ssize_t i;
   if (self->makers != NULL) {
     for (i = 0; i < self->n_outputs; i++) Py_XDECREF(self->makers[i]);
@@ -154,7 +155,7 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
   Py_ssize_t size, j;
   if (!PyArg_ParseTuple(spec, "KKOOKy#O", &entry, &handle, &grid, &block, &shared, &data, &size, &slots)) return -1;
   if (size % 8 != 0 || !PyList_Check(slots)) {
-    PyErr_SetString(PyExc_ValueError, "FastCall: storage of 8 bytes per argument and a list of slots");
+    PyErr_SetString(PyExc_ValueError, "RepeatCall: storage of 8 bytes per argument and a list of slots");
     return -1;
   }
   st->entry = (launch_fn)(uintptr_t)entry;
@@ -182,7 +183,7 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
     Py_ssize_t arg, src;
     if (!PyArg_ParseTuple(PyList_GET_ITEM(slots, j), "nn", &arg, &src)) return -1;
     if (arg < 0 || arg >= st->nargs || src < 0 || src >= n_ptrs) {
-      PyErr_SetString(PyExc_ValueError, "FastCall: a slot names an argument or pointer that does not exist");
+      PyErr_SetString(PyExc_ValueError, "RepeatCall: a slot names an argument or pointer that does not exist");
       return -1;
     }
     st->slot_arg[j] = arg;
@@ -191,7 +192,7 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
   return 0;
 }
 
-/* FastCall(n_inputs, outputs, stream_fn, stream_arg, fail, steps, expect,
+/* RepeatCall(n_inputs, outputs, stream_fn, stream_arg, fail, steps, expect,
  *          derive=None, fingerprint=(), n_derived=0, scratch=None, n_scratch=0)
  *   outputs:  [(allocator, input index or -1)]
  *   steps:    [(entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage bytes, [(arg, source)])];
@@ -202,7 +203,7 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
  *             launches on that stream) or finds the derived data; fingerprint: the input indices
  *             (-1: an absent optional input) it is computed from
  *   scratch(stream) -> n_scratch pointers of per-call scratch for that stream */
-static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
+static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
   Py_ssize_t n_inputs, i, n_derived = 0, n_scratch = 0, n_ptrs;
   PyObject *outputs, *stream_fn, *stream_arg, *fail, *steps, *expect;
   PyObject *derive = Py_None, *fingerprint = NULL, *scratch = Py_None;
@@ -214,11 +215,11 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
   if (!PyList_Check(outputs) || !PyList_Check(steps) || !PyCallable_Check(stream_fn) || !PyCallable_Check(fail) ||
       !PyTuple_Check(expect) || PyTuple_GET_SIZE(expect) != n_inputs) {
     PyErr_SetString(PyExc_TypeError,
-                    "FastCall(n_inputs, outputs: list, stream_fn, stream_arg, fail, steps: list, expect: tuple, ...)");
+                    "RepeatCall(n_inputs, outputs: list, stream_fn, stream_arg, fail, steps: list, expect: tuple, ...)");
     return -1;
   }
   if (self->steps != NULL || self->makers != NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "FastCall is initialized once");
+    PyErr_SetString(PyExc_RuntimeError, "RepeatCall is initialized once");
     return -1;
   }
   n_ptrs = n_inputs + PyList_GET_SIZE(outputs) + n_derived + n_scratch;
@@ -226,13 +227,13 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
       n_scratch < 0 || n_scratch > FC_MAX_WS || (derive != Py_None && !PyCallable_Check(derive)) ||
       (scratch != Py_None && !PyCallable_Check(scratch)) || (n_derived > 0) != (derive != Py_None) ||
       (n_scratch > 0) != (scratch != Py_None)) {
-    PyErr_SetString(PyExc_ValueError, "FastCall: outputs, derived data or scratch out of range");
+    PyErr_SetString(PyExc_ValueError, "RepeatCall: outputs, derived data or scratch out of range");
     return -1;
   }
   for (i = 0; i < n_inputs; i++) {
     PyObject* e = PyTuple_GET_ITEM(expect, i);
     if (e != Py_None && !(PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 4 && PyType_Check(PyTuple_GET_ITEM(e, 0)))) {
-      PyErr_SetString(PyExc_TypeError, "FastCall: expect[i] is None or (type, shape, dtype, device)");
+      PyErr_SetString(PyExc_TypeError, "RepeatCall: expect[i] is None or (type, shape, dtype, device)");
       return -1;
     }
   }
@@ -249,7 +250,7 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
     Py_ssize_t like;
     if (!PyArg_ParseTuple(PyList_GET_ITEM(outputs, i), "On", &maker, &like)) return -1;
     if (!PyCallable_Check(maker) || like < -1 || like >= n_inputs) {
-      PyErr_SetString(PyExc_ValueError, "FastCall: an output needs a callable and an input index or -1");
+      PyErr_SetString(PyExc_ValueError, "RepeatCall: an output needs a callable and an input index or -1");
       return -1;
     }
     Py_INCREF(maker);
@@ -267,7 +268,7 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
   Py_INCREF(expect);
   self->expect = expect;
   if (derive != Py_None) {
-    PyObject* fp = fingerprint ? PySequence_Fast(fingerprint, "FastCall: fingerprint is a sequence") : NULL;
+    PyObject* fp = fingerprint ? PySequence_Fast(fingerprint, "RepeatCall: fingerprint is a sequence") : NULL;
     if (fp == NULL) return -1;
     self->n_fp = PySequence_Fast_GET_SIZE(fp);
     for (i = 0; i < self->n_fp && i < FC_MAX_FP; i++) {
@@ -277,7 +278,7 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
     Py_DECREF(fp);
     if (PyErr_Occurred()) return -1;
     if (self->n_fp > FC_MAX_FP) {
-      PyErr_SetString(PyExc_ValueError, "FastCall: fingerprint inputs out of range");
+      PyErr_SetString(PyExc_ValueError, "RepeatCall: fingerprint inputs out of range");
       return -1;
     }
     Py_INCREF(derive);
@@ -303,7 +304,7 @@ static int fc_init(FastCall* self, PyObject* args, PyObject* kwds) {
 /* A launch returned rc: fail(step, rc, stream, params) may retry it (returns) or raise. It gets a
  * private copy of the arguments: Python code runs in the callback, and another thread's call of
  * this object may rewrite the storage meanwhile. */
-static int fc_failed(FastCall* self, fc_step* st, Py_ssize_t i, int rc, unsigned long long stream) {
+static int fc_failed(RepeatCall* self, fc_step* st, Py_ssize_t i, int rc, unsigned long long stream) {
   unsigned char* copy = PyMem_Malloc((size_t)st->nargs * 8 + 8);
   void** params = PyMem_Malloc(((size_t)st->nargs + 1) * sizeof(void*));
   PyObject* r = NULL;
@@ -335,7 +336,7 @@ static int take_pointers(PyObject* seq, Py_ssize_t n, unsigned long long* out, c
   Py_ssize_t k;
   if (seq == NULL) return -1;
   if (!PySequence_Check(seq) || PySequence_Size(seq) != n) {
-    PyErr_Format(PyExc_TypeError, "FastCall: %s must return %zd pointers", what, n);
+    PyErr_Format(PyExc_TypeError, "RepeatCall: %s must return %zd pointers", what, n);
     Py_DECREF(seq);
     return -1;
   }
@@ -350,7 +351,7 @@ static int take_pointers(PyObject* seq, Py_ssize_t n, unsigned long long* out, c
 
 /* The per-call scratch for this stream: remembered per stream (calls on one stream run in order,
  * so each may reuse what the last one used); the first call on a stream asks Python. */
-static int fc_scratch_for(FastCall* self, unsigned long long stream, unsigned long long* out) {
+static int fc_scratch_for(RepeatCall* self, unsigned long long stream, unsigned long long* out) {
   Py_ssize_t i;
   fc_scratch* s;
   for (i = 0; i < FC_STREAMS; i++)
@@ -370,7 +371,7 @@ static int fc_scratch_for(FastCall* self, unsigned long long stream, unsigned lo
 /* The derived data for these inputs on this stream: remembered by pointer and version counter of
  * each derived-from input while the tensors it was computed from live; else Python finds or
  * fills it (launching the prepare kernels on `stream`). */
-static int fc_derived_for(FastCall* self, PyObject* inputs, unsigned long long* ptrs, unsigned long long stream,
+static int fc_derived_for(RepeatCall* self, PyObject* inputs, unsigned long long* ptrs, unsigned long long stream,
                           unsigned long long* out) {
   unsigned long long p[FC_MAX_FP], ver[FC_MAX_FP];
   PyObject *r, *ptr_tuple, *remember, *found;
@@ -442,13 +443,13 @@ static int fc_derived_for(FastCall* self, PyObject* inputs, unsigned long long* 
 }
 
 /* The call itself: inputs is a tuple whose signature was checked. */
-static PyObject* fc_run(FastCall* self, PyObject* inputs) {
+static PyObject* fc_run(RepeatCall* self, PyObject* inputs) {
   PyObject* outs[FC_MAX_PTRS];
   unsigned long long ptrs[FC_MAX_PTRS], stream;
   Py_ssize_t i, j, made = 0, n_io = self->n_inputs + self->n_outputs;
   PyObject *r, *result = NULL;
   if (PyTuple_GET_SIZE(inputs) != self->n_inputs) {
-    PyErr_Format(PyExc_TypeError, "FastCall expects %zd inputs (got %zd)", self->n_inputs, PyTuple_GET_SIZE(inputs));
+    PyErr_Format(PyExc_TypeError, "RepeatCall expects %zd inputs (got %zd)", self->n_inputs, PyTuple_GET_SIZE(inputs));
     return NULL;
   }
   for (i = 0; i < self->n_inputs; i++)
@@ -489,16 +490,16 @@ done:
 }
 
 /* fc(inputs: tuple) -> the output, or a tuple of them (the signature is the caller's business) */
-static PyObject* fc_call(FastCall* self, PyObject* args, PyObject* kwds) {
+static PyObject* fc_call(RepeatCall* self, PyObject* args, PyObject* kwds) {
   if (kwds != NULL || PyTuple_GET_SIZE(args) != 1 || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
-    PyErr_SetString(PyExc_TypeError, "FastCall takes one tuple of inputs");
+    PyErr_SetString(PyExc_TypeError, "RepeatCall takes one tuple of inputs");
     return NULL;
   }
   return fc_run(self, PyTuple_GET_ITEM(args, 0));
 }
 
 /* matches(inputs) -> whether every input is what this call was bound for */
-static PyObject* fc_matches(FastCall* self, PyObject* inputs) {
+static PyObject* fc_matches(RepeatCall* self, PyObject* inputs) {
   jt_sig sig[FC_MAX_PTRS];
   PyTypeObject* base = NULL;
   Py_ssize_t i, n;
@@ -518,7 +519,7 @@ static PyObject* fc_matches(FastCall* self, PyObject* inputs) {
   return PyBool_FromLong(m);
 }
 
-static PyObject* fc_forget(FastCall* self, PyObject* noargs) {
+static PyObject* fc_forget(RepeatCall* self, PyObject* noargs) {
   (void)noargs;
   fc_forget_memo(self);
   Py_RETURN_NONE;
@@ -529,9 +530,9 @@ static PyMethodDef fc_methods[] = {
     {"forget", (PyCFunction)fc_forget, METH_NOARGS, "drop the remembered derived data and scratch pointers"},
     {NULL, NULL, 0, NULL}};
 
-PyTypeObject JtFastCallType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "jitops_launch.FastCall",
-    .tp_basicsize = sizeof(FastCall),
+PyTypeObject JtRepeatCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "jitops_launch.RepeatCall",
+    .tp_basicsize = sizeof(RepeatCall),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "a bound plan's repeat call, in C",
     .tp_new = PyType_GenericNew,
@@ -541,6 +542,6 @@ PyTypeObject JtFastCallType = {
     .tp_methods = fc_methods,
 };
 
-PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs) { return fc_run((FastCall*)call, inputs); }
+PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs) { return fc_run((RepeatCall*)call, inputs); }
 
-PyObject* jt_fastcall_expect(PyObject* call) { return ((FastCall*)call)->expect; }
+PyObject* jt_fastcall_expect(PyObject* call) { return ((RepeatCall*)call)->expect; }

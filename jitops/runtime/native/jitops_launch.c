@@ -1,7 +1,7 @@
 /* jitops native launcher: one C call per kernel launch instead of a Python binding's argument
  * marshalling. The driver's launch entry point (cuLaunchKernel, hipModuleLaunchKernel: the same
  * signature) is passed in as an address, so this file links against no GPU library. Whole repeat
- * calls (FastCall, Dispatch) are in jitops_fastcall.c. */
+ * calls (RepeatCall, Dispatch) are in jitops_fastcall.c. */
 #include "jitops_native.h"
 
 #include <stdint.h>
@@ -157,7 +157,7 @@ static PyMethodDef methods[] = {
     {"probe_last", probe_last, METH_O, "what the probe entry last received"},
     {"probe_args", probe_args, METH_VARARGS, "argument values of a kernel's last launch through the probe"},
     {"memory_released", jt_memory_released, METH_NOARGS,
-     "memory a FastCall may remember was freed: every FastCall drops what it remembered"},
+     "memory a RepeatCall may remember was freed: every RepeatCall drops what it remembered"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "jitops_launch", NULL, -1, methods, NULL, NULL, NULL, NULL};
@@ -175,7 +175,8 @@ static int add_type(PyObject* m, const char* name, PyTypeObject* type) {
 PyMODINIT_FUNC PyInit_jitops_launch(void) {
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
-  if (add_type(m, "FastCall", &JtFastCallType) < 0 || add_type(m, "Dispatch", &JtDispatchType) < 0) {
+  if (add_type(m, "RepeatCall", &JtRepeatCallType) < 0 || add_type(m, "Dispatch", &JtDispatchType) < 0 ||
+      add_type(m, "Entry", &JtEntryType) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -1,8 +1,10 @@
-"""The repeat-call path.
+"""The repeat-call path: a prepared plan bound to one call signature (BoundPlan).
 
 A call whose arrays look like an earlier call's (same kinds, shapes, dtypes, devices and
-contiguity, same attributes) reuses a BoundCall: no classification, validation, schedule lookup
-or dictionary building, just pointers, outputs, the stream and the launches. This is what makes
+contiguity, same attributes) reuses a BoundPlan: no classification, validation, schedule lookup
+or dictionary building, just pointers, outputs, the stream and the launches. Its three ways of
+running (generated straight-line Python, the general loop, the C RepeatCall) are all built from
+the plan's slot table (prepared.Step.slots); per-call scratch comes from a prepared.StreamScratch. This is what makes
 a cached jitops call about as cheap as the framework's own op. Anything else (host arrays on a
 GPU, CuPy, an `out` that does not match) takes the general path in engine.py.
 """
@@ -12,15 +14,13 @@ import ctypes
 import sys
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from .ops.base import TensorSpec
+from .prepared import StreamScratch, bind_and_launch
 from .runtime.fastlaunch import memory_released
-
-_STREAMS_KEPT = 4     # streams whose per-call scratch a bound call keeps
 
 
 def torch_identity(t: Any) -> Hashable:
@@ -36,7 +36,7 @@ _torch_tensor: type | None = None
 
 
 def signature(v: Any) -> Hashable:
-    """What must match for a BoundCall to be reused: kind, shape, dtype, device, contiguity."""
+    """What must match for a BoundPlan to be reused: kind, shape, dtype, device, contiguity."""
     global _torch_tensor
     if _torch_tensor is not None and isinstance(v, _torch_tensor):
         return (_torch_tensor, v.shape, v.dtype, v.device, v.is_contiguous())
@@ -51,14 +51,13 @@ def signature(v: Any) -> Hashable:
     raise NoFastPath
 
 
-class BoundCall:
+class BoundPlan:
     """One prepared plan bound to a call signature; calling it runs the plan on new arrays."""
 
     def __init__(self, prepared: Any, backend: Any, input_names: Sequence[str], first: Any,
                  values: Sequence[Any] = ()) -> None:
         self.backend = backend
         self.lock = threading.Lock()
-        self._scratch: OrderedDict[int, tuple[dict[str, int], list]] = OrderedDict()   # stream -> per-call scratch
         torch = sys.modules.get("torch")
         self.is_torch = torch is not None and isinstance(first, torch.Tensor)
         if self.is_torch:
@@ -75,20 +74,19 @@ class BoundCall:
         self.outputs = [(name, spec, self.expected(spec),
                          next((like[n] for n in like if in_specs[n] == spec), None))
                         for name, spec in out_specs.items()]
-        # Every buffer argument resolves to a position in the per-call pointer list
-        # (inputs, then outputs) or to a workspace.
-        position = {n: k for k, n in enumerate(list(input_names) + list(out_specs))}
+        # Every slot of the plan's table resolves to a position in the per-call pointer list
+        # (inputs, then outputs) or to a workspace name: (argument index, where, (bytes, item size)).
+        self.io_names = list(input_names) + list(out_specs)
+        position = {n: k for k, n in enumerate(self.io_names)}
         plan = prepared.plan
-        sizes = {n: (s.nbytes, prepared.itemsizes.get(n, 1))
-                 for n, s in {**prepared.problem.inputs(), **out_specs}.items() if s is not None}
-        sizes.update({w.name: (w.nbytes, 1) for w in plan.workspaces})
 
         def slots(step: Any) -> list:
-            return [(i, position.get(n, n), sizes[n]) for i, n in step.buffer_slots]
+            return [(s.index, position.get(s.buffer, s.buffer), (s.nbytes, s.itemsize)) for s in step.slots]
 
         self.steps = [(s, slots(s)) for s in prepared.steps]
         self.prepare_steps = [(s, slots(s)) for s in prepared.prepare_steps]
         self.temps = [w for w in plan.workspaces if not w.persistent]
+        self.scratch_table = _framework_scratch(self.temps, self.alloc, self.pointer)
         self.persistent = prepared.persistent
         self.derived = prepared.derived
         derived_inputs = self.derived.inputs if self.derived is not None else []
@@ -154,7 +152,7 @@ class BoundCall:
         return ns["fast"]
 
     def _native(self, values: Sequence[Any]) -> Any:
-        """The repeat call as one C object (runtime/native/jitops_fastcall.c, FastCall), for torch
+        """The repeat call as one C object (runtime/native/jitops_fastcall.c, RepeatCall), for torch
         arrays on a backend whose launches all go through the native launcher. Per-call scratch
         (per stream) and derived data (per derived-from inputs' pointers and versions, guarded by
         weak references) are remembered in C; Python is asked only on the first call on a stream
@@ -188,7 +186,7 @@ class BoundCall:
         for (step, slots), native in zip(self.steps, natives):
             _, entry, handle, gx, gy, gz, bx, by, bz, shared = native
             if any(ctypes.sizeof(v) > 8 for v in step.packed.values):
-                return None     # FastCall keeps 8 bytes per argument
+                return None     # RepeatCall keeps 8 bytes per argument
             storage = bytearray(b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values))
             pointer_slots = []
             for index, where, _ in slots:
@@ -210,10 +208,10 @@ class BoundCall:
                          len(derived_names)]
         if scratch_names:
             extra[3:] = [self._scratch_for_native(scratch_names), len(scratch_names)]
-        return module.FastCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
+        return module.RepeatCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
 
-    # FastCall's callbacks hold the bound call weakly: FastCall takes no part in garbage collection,
-    # so a strong reference back (bound call -> FastCall -> callback -> bound call) would never be freed.
+    # RepeatCall's callbacks hold the bound call weakly: RepeatCall takes no part in garbage collection,
+    # so a strong reference back (bound call -> RepeatCall -> callback -> bound call) would never be freed.
     def _scratch_for_native(self, names: list[str]) -> Callable[[int], tuple[int, ...]]:
         ref = weakref.ref(self)
 
@@ -229,7 +227,7 @@ class BoundCall:
         return tuple(-1 if k is None else k for k in self.fingerprint_inputs)
 
     def _derive_for_native(self, derived_names: list[str], scratch_names: list[str]) -> Callable:
-        """FastCall's question when it does not remember derived data for these inputs on this
+        """RepeatCall's question when it does not remember derived data for these inputs on this
         stream: find it in the plan's DerivedCache, or fill it (the prepare launches, on `stream`)."""
         ref = weakref.ref(self)
 
@@ -250,22 +248,8 @@ class BoundCall:
         return derive
 
     def scratch(self, stream: int) -> dict[str, int]:
-        """Per-call workspaces for launches on `stream`, kept per stream (calls on one stream run in
-        order, so each may reuse what the last one used). Allocated through the framework's
-        allocator, as outputs are: inside a CUDA-graph capture they come from the graph's pool,
-        where a device allocation would break the capture. The least recently used stream's copy
-        is dropped beyond a few (the allocator frees it in stream order: no synchronize)."""
-        found = self._scratch.get(stream)
-        if found is not None:
-            self._scratch.move_to_end(stream)
-            return found[0]
-        if len(self._scratch) >= _STREAMS_KEPT:
-            self._scratch.popitem(last=False)
-            memory_released()
-        keep = [self.alloc(TensorSpec((w.nbytes,), "uint8")) for w in self.temps]
-        ptrs = {w.name: self.pointer(t) for w, t in zip(self.temps, keep)}
-        self._scratch[stream] = (ptrs, keep)
-        return ptrs
+        """Per-call workspaces for launches on `stream` (the caller holds the lock)."""
+        return self.scratch_table.get(stream)
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""
@@ -285,14 +269,13 @@ class BoundCall:
             with self.lock:
                 self._launch(self.steps, ptrs, None, stream)
             return outs[0] if len(outs) == 1 else tuple(outs)
-        keep, work = [], dict(self.persistent)
-        for w in self.temps:
-            obj = self.alloc(TensorSpec((w.nbytes,), "uint8"))
-            keep.append(obj)
-            work[w.name] = pointer(obj)
-            if w.zero:
-                self.backend.memset(work[w.name], 0, w.nbytes, stream)
         with self.lock:
+            work = dict(self.persistent)
+            if self.temps:      # the same per-stream scratch as the native path's
+                work.update(self.scratch_table.get(stream))
+                for w in self.temps:
+                    if w.zero:
+                        self.backend.memset(work[w.name], 0, w.nbytes, stream)
             if self.prepare_steps:
                 fresh = True
                 if self.derived is not None:
@@ -307,16 +290,24 @@ class BoundCall:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _launch(self, steps: list, ptrs: list, work: dict | None, stream: int) -> None:
-        set_sizes = self.set_sizes
-        for step, slots in steps:
-            packed = step.packed
-            values = packed.values
-            for index, where, (nbytes, itemsize) in slots:
-                values[index].value = ptrs[where] if where.__class__ is int else work[where]
-                if set_sizes:
-                    packed.buf_bytes[index] = nbytes
-                    packed.buf_itemsize[index] = itemsize
-            step.run(packed, stream)
+        pointers = dict(zip(self.io_names, ptrs))
+        if work:
+            pointers.update(work)
+        for step, _ in steps:
+            bind_and_launch(step, pointers, stream)
+
+
+def _framework_scratch(workspaces: list[Any], alloc: Callable[[TensorSpec], Any],
+                       pointer: Callable[[Any], int]) -> StreamScratch:
+    """Per-call workspaces per stream through the framework's allocator, as outputs are: inside a
+    CUDA-graph capture they come from the graph's pool, where a device allocation would break the
+    capture. A dropped stream's copy is freed by the allocator in stream order (no synchronize);
+    every RepeatCall forgets the pointers it remembered."""
+    def make(ws: Any) -> tuple[int, Any]:
+        owner = alloc(TensorSpec((ws.nbytes,), "uint8"))
+        return pointer(owner), owner
+
+    return StreamScratch(workspaces, make, lambda made: memory_released())
 
 
 def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable, tuple]:
@@ -352,15 +343,14 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable
     return alloc_np, expected_np, np.empty_like, (_no_stream, None)
 
 
-def _alive(ref: weakref.ref) -> "BoundCall":
+def _alive(ref: weakref.ref) -> "BoundPlan":
     bound = ref()
     if bound is None:
         raise NoFastPath("this repeat call's plan was released")
     return bound
 
 
-def _no_stream() -> int:
-    return 0
+_no_stream = int     # stream 0 (int() is 0), called with no Python frame
 
 
 def _partial(fn: Callable, arg: Any) -> Callable[[], Any]:
