@@ -1,7 +1,7 @@
 """group_norm on channels_last (NHWC) storage, read in place (no transpose).
 
 In NHWC a group is CPG consecutive channels of every pixel: strided, so the NCHW row kernels do
-not apply. Two launches instead (templates/layer_norm/nhwc_stats.hip.j2, then batch_norm's affine
+not apply. Two launches instead (templates/rows/nhwc_stats.hip.j2, then batch_norm's affine
 kernel):
 
   stats - blocks over (sample, chunk of pixels); each thread keeps one vector of channels and
@@ -193,7 +193,7 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
               "merge_in_sums": _merge_in_sums(c, problem.groups, by, block)}
     args = [Buf("x"), *ptr_or_none("gamma", problem.has_gamma), *ptr_or_none("beta", problem.has_beta),
             Buf("partials"), Buf("counters"), Buf("coef"), Scalar("i32", n), Scalar("f32", problem.eps)]
-    stats = Launch.make("layer_norm/nhwc_stats.hip.j2", "group_norm_nhwc_stats", params, (n * chunks,), (block,),
+    stats = Launch.make("rows/nhwc_stats.hip.j2", "group_norm_nhwc_stats", params, (n * chunks,), (block,),
                         args)
     apply = affine_launch("group_norm_nhwc_apply", problem.dtype, numel, 1, n * c, device, vec=vec,
                           unroll=int(schedule["apply_unroll"]), block=int(schedule["apply_block"]),

@@ -1,5 +1,5 @@
 """group_norm on channels_last (NHWC) storage in one launch, the tensor kept on chip
-(templates/layer_norm/nhwc_onchip.hip.j2).
+(templates/rows/nhwc_onchip.hip.j2).
 
 Why: at the 0.3-5 MB of SD-UNet activations the two-launch path (statistics, then affine) costs
 two launch latencies and a second read, more than the bytes. Here every block holds its chunk of
@@ -132,7 +132,7 @@ def plan(problem: Any, schedule: Schedule, device: DeviceInfo) -> Plan:
               "merge_in_sums": 3 * problem.groups * _merge_threads(problem.groups, block) <= by * c}
     args = [Buf("x"), *ptr_or_none("gamma", problem.has_gamma), *ptr_or_none("beta", problem.has_beta),
             Buf("y"), Buf("partials"), Buf("counters"), Scalar("f32", problem.eps)]
-    launch = Launch.make("layer_norm/nhwc_onchip.hip.j2", "group_norm_nhwc_onchip", params, (n * chunks,),
+    launch = Launch.make("rows/nhwc_onchip.hip.j2", "group_norm_nhwc_onchip", params, (n * chunks,),
                          (block,), args)
     workspaces = (Workspace("counters", 8 * n, persistent=True, zero=True),
                   Workspace("partials", 8 * n * chunks * problem.groups, persistent=True))

@@ -3,7 +3,7 @@ names the ops import.
 
 A row is what one statistic covers: a layer/rms-norm row (the trailing dims) or a group-norm
 group (channels/groups channels of one sample, contiguous in NCHW). Row kernels
-(templates/layer_norm/) come in four strategies the scheduler picks from:
+(templates/rows/) come in four strategies the scheduler picks from:
 
   warp   - a warp, or a power-of-two part of one, per row; the row in registers (short rows)
   block  - a block per row, the row in registers or shared memory: the input is read once

@@ -1,4 +1,4 @@
-"""Kernel launches of a row-normalization schedule (templates/layer_norm/): the on-chip kernels
+"""Kernel launches of a row-normalization schedule (templates/rows/): the on-chip kernels
 (warp, block), stream, split (grid reduction, then an element-wise or per-channel apply) and naive."""
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf(out),
                 Scalar("i32" if idx == "int" else "i64", spec.length), Scalar("i32", spec.plane or 1),
                 Scalar("i32", spec.cpg or 1), Scalar("i32", spec.groups or 1), Scalar("f32", spec.eps)]
-        return Plan((Launch.make("layer_norm/naive.hip.j2", f"{name}_naive", params, (spec.rows,), (block,), args),))
+        return Plan((Launch.make("rows/naive.hip.j2", f"{name}_naive", params, (spec.rows,), (block,), args),))
     if spec.nhwc:
         raise ScheduleError(f"{name}: the row kernels read NCHW; channels_last input takes the nhwc or naive kernels")
     vec = int(schedule["vec"])
@@ -96,7 +96,7 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
             raise ScheduleError(f"{name}: prefetch keeps the next row in registers (store=regs, not {store})")
         params.update(tpr=tpr, items=items, block=block, store=store, streaming=bool(schedule.get("streaming")),
                       prefetch=prefetch)
-        launch = Launch.make("layer_norm/onchip.hip.j2", f"{name}_{alg}", params, (grid,), (block,),
+        launch = Launch.make("rows/onchip.hip.j2", f"{name}_{alg}", params, (grid,), (block,),
                              _row_args(spec, out), shared)
         return Plan((launch,))
     if alg == "stream":
@@ -107,7 +107,7 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         if waves:
             grid = min(grid, waves * device.multiprocessors * device.resident_blocks(tpr))
         params.update(tpr=tpr, unroll=unroll, streaming=bool(schedule.get("streaming")))
-        return Plan((Launch.make("layer_norm/stream.hip.j2", f"{name}_stream", params, (grid,), (tpr,),
+        return Plan((Launch.make("rows/stream.hip.j2", f"{name}_stream", params, (grid,), (tpr,),
                                  _row_args(spec, out)),))
     if alg == "split":
         return _split_plan(spec, schedule, device, out, params, vec, lenv)
@@ -136,7 +136,7 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
     if channel:
         stats_args += [*ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta)]
     stats_args += [Buf("partials"), Buf("counters"), Buf("stats"), Scalar("i32", spec.rows), Scalar("f32", spec.eps)]
-    stats_launch = Launch.make("layer_norm/split_stats.hip.j2", f"{name}_split_stats", params,
+    stats_launch = Launch.make("rows/split_stats.hip.j2", f"{name}_split_stats", params,
                                (spec.rows * chunks,), (tpr,), stats_args)
     ablock, aunroll = int(schedule["apply_block"]), int(schedule["apply_unroll"])
     if ablock > device.max_threads_per_block or ablock % device.warp_size:
@@ -152,5 +152,5 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
         idx = aparams["index_type"]
         args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf("stats"),
                 Buf(out), Scalar("i32" if idx == "int" else "i64", nvec)]
-        apply = Launch.make("layer_norm/split_apply.hip.j2", f"{name}_split_apply", aparams, (grid,), (ablock,), args)
+        apply = Launch.make("rows/split_apply.hip.j2", f"{name}_split_apply", aparams, (grid,), (ablock,), args)
     return Plan((stats_launch, apply), workspaces)
