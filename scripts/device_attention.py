@@ -35,16 +35,18 @@ def _s(**kw):
     return Schedule.make("fused_mma", **kw)
 
 
-def _w(groups, block_k):
-    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k)
+def _w(groups, block_k, stages=2):
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, **({"stages": stages} if stages != 2 else {}))
 
 
-# fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic.
-WG_ALL = [_w(2, 128), _w(3, 64), _w(3, 128)]
-SWEEP = {"B=8 H=16 S=2048 D=64": WG_ALL, "B=8 H=16 S=2048 causal": WG_ALL, "B=256 S=128 D=64": WG_ALL,
-         "SD1.5 self D=40": WG_ALL, "Llama3-8B prefill GQA causal": [_w(2, 128), _w(3, 64)],
-         "DiT-XL S=1024 D=72": [_w(2, 128), _w(3, 64)], "Whisper enc H=20 S=1500": WG_ALL,
-         "BERT-base S=128": [_w(2, 128), _w(3, 64)], "ViT-B/16 S=197": [_w(2, 128), _w(3, 64)]}
+# fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic:
+# with and without the softmax / GEMM overlap (stages 3 / 2), 64- or 128-key tiles, 2 or 3 warpgroups.
+WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 128), _w(3, 128, 3)]
+WG128 = [_w(2, 64, 3), _w(2, 64), _w(3, 64, 3)]
+SWEEP = {"B=8 H=16 S=2048 D=64": WG64, "B=8 H=16 S=2048 causal": WG64, "B=256 S=128 D=64": WG64[:2],
+         "SD1.5 self D=40": WG64, "SDXL self H=10 S=4096": WG64[:3], "Llama3-8B prefill GQA causal": WG128,
+         "DiT-XL S=1024 D=72": WG128, "Whisper enc H=20 S=1500": WG64[:3], "GPT-2 causal S=1024": WG64[:3],
+         "BERT-base S=128": WG64[:2], "ViT-B/16 S=197": WG64[:2], "CLIP ViT-L/14 S=257": WG64[:2]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
@@ -170,6 +172,10 @@ def sanitize_case():
     if wgmma_why_not(problem_of((1, 2, 130, 64), (1, 2, 130, 64), "float16", False), dev) is None:
         # fused_wgmma: partial tiles at both ends, padded D, GQA, causal Sq != Sk, bf16, 3 warpgroups
         runs += [((1, 2, 130, 64), (1, 2, 200, 64), "float16", False, Schedule.make("fused_wgmma", groups=2, block_k=64)),
+                 ((1, 2, 130, 64), (1, 2, 330, 64), "float16", True,
+                  Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3)),
+                 ((1, 4, 200, 80), (1, 1, 270, 80), "bfloat16", "bottom_right",
+                  Schedule.make("fused_wgmma", groups=3, block_k=64, stages=3)),
                  ((1, 4, 90, 40), (1, 2, 150, 40), "bfloat16", "bottom_right",
                   Schedule.make("fused_wgmma", groups=2, block_k=128)),
                  ((1, 2, 200, 72), (1, 1, 300, 72), "float16", True, Schedule.make("fused_wgmma", groups=3, block_k=64))]

@@ -19,6 +19,7 @@ MAX_DIM = 128
 MIN_ROWS = 128          # fewer query rows per head: most of a 64-row warpgroup tile would be padding
 BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
+STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 
 
 def hopper(device: DeviceInfo) -> bool:
@@ -37,10 +38,10 @@ def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-def shared_bytes(d: int, groups: int, block_k: int) -> int:
-    """Q tile plus two K and two V tiles, each DP/8 column chunks of rows * 16 + 64 bytes."""
+def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2) -> int:
+    """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes."""
     chunks = padded_dim(d) // 8
-    return chunks * ((64 * groups * 16 + 64) + 4 * (block_k * 16 + 64))
+    return chunks * ((64 * groups * 16 + 64) + 2 * stages * (block_k * 16 + 64))
 
 
 def registers(d: int, block_k: int) -> int:
@@ -48,42 +49,52 @@ def registers(d: int, block_k: int) -> int:
     return block_k // 2 + padded_dim(d) // 2 + block_k // 4 + 40
 
 
-def fits(d: int, groups: int, block_k: int, device: DeviceInfo) -> bool:
+def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> bool:
     threads = 128 * groups
     return (threads <= device.max_threads_per_block and registers(d, block_k) * threads <= 65536
-            and registers(d, block_k) <= 255 and shared_bytes(d, groups, block_k) <= device.shared_per_block_optin)
+            and registers(d, block_k) <= 255
+            and shared_bytes(d, groups, block_k, stages) <= device.shared_per_block_optin)
 
 
 def preferred(p: AttentionProblem) -> bool:
-    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: prefill-sized
-    query ranges (at least two 64-row warpgroup tiles per head) against more than one key tile.
+    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: long prefill
+    (H100, 2026-11-23, both kernels on the same tensors: fused_wgmma faster from S = 1500 up, even
+    at S = 1024, slower on S <= 257 where a 128-row tile is mostly padding or the grid is small).
     Decoding and short cross-attention keep fused_mma (split-KV, packing, small key tiles)."""
-    return p.sq >= MIN_ROWS and p.sk > 64
+    return p.sq >= 1024 and p.sk >= 512
+
+
+def default_tiles(d: int) -> tuple[int, int, int]:
+    """(groups, block_k, stages): 2 warpgroups, FlashAttention-3's overlap; 128-key tiles up to
+    DP = 64 (fewer barriers per key; H100 run 1: 1.08-1.12x over 64 keys), 64 above (registers)."""
+    return (2, 128, 3) if padded_dim(d) <= 64 else (2, 64, 3)
 
 
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
-    """Tiles: 2 warpgroups (128 rows) and 64-key tiles keep two blocks per multiprocessor up to
-    DP = 80; 128-key tiles halve the barriers where one block fills the registers anyway."""
+    """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
     reason = why_not(p, device)
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     dp = padded_dim(p.d)
-    groups, bk = (2, 64)
-    if not fits(p.d, groups, bk, device):
+    groups, bk, stages = default_tiles(p.d)
+    if not fits(p.d, groups, bk, device, stages):
+        groups, bk, stages = (2, 64, 2)
+    if not fits(p.d, groups, bk, device, stages):
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
     blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
-    smem = shared_bytes(p.d, groups, bk)
+    smem = shared_bytes(p.d, groups, bk, stages)
     why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
-           f"rows, S = QK^T and O += PV by wgmma (P from registers), K/V tiles of {bk} keys double-buffered "
-           f"with cp.async ({smem // 1024} KiB shared); {blocks} blocks")
-    return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk)
+           f"rows, S = QK^T and O += PV by wgmma (P from registers), {stages} K/V buffers of {bk} keys by cp.async"
+           + (", softmax overlapping the P V product" if stages == 3 else "")
+           + f" ({smem // 1024} KiB shared); {blocks} blocks")
+    return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, **({"stages": 3} if stages == 3 else {}))
 
 
 def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     if why_not(p, device):
         return []
-    return [Schedule.make("fused_wgmma", groups=g, block_k=bk) for g in GROUPS for bk in BLOCK_KS
-            if fits(p.d, g, bk, device)]
+    return [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
+            for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
 
 
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
@@ -92,10 +103,11 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
-    if groups not in GROUPS or bk not in BLOCK_KS:
-        raise ScheduleError(f"attention fused_wgmma: groups={groups} must be one of {GROUPS} and block_k={bk} "
-                            f"one of {BLOCK_KS}")
-    smem = shared_bytes(p.d, groups, bk)
+    stages = int(schedule.get("stages", 2))
+    if groups not in GROUPS or bk not in BLOCK_KS or stages not in STAGES:
+        raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
+                            f"in {GROUPS}, {BLOCK_KS} and {STAGES}")
+    smem = shared_bytes(p.d, groups, bk, stages)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
@@ -104,7 +116,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
     threads = 128 * groups
-    params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads,
+    params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
               "scale_positive": p.scale > 0}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
