@@ -41,8 +41,8 @@ def _w(groups, block_k, stages=2):
 
 # fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic:
 # with and without the softmax / GEMM overlap (stages 3 / 2), 64- or 128-key tiles, 2 or 3 warpgroups.
-WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 128), _w(3, 128, 3)]
-WG128 = [_w(2, 64, 3), _w(2, 64), _w(3, 64, 3)]
+WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 64), _w(3, 128, 3)]
+WG128 = [_w(2, 64, 3), _w(3, 64, 3), _w(2, 128)]
 SWEEP = {"B=8 H=16 S=2048 D=64": WG64, "B=8 H=16 S=2048 causal": WG64, "B=256 S=128 D=64": WG64[:2],
          "SD1.5 self D=40": WG64, "SDXL self H=10 S=4096": WG64[:3], "Llama3-8B prefill GQA causal": WG128,
          "DiT-XL S=1024 D=72": WG128, "Whisper enc H=20 S=1500": WG64[:3], "GPT-2 causal S=1024": WG64[:3],

@@ -57,17 +57,21 @@ def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2)
 
 
 def preferred(p: AttentionProblem) -> bool:
-    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: long prefill
-    (H100, 2026-11-23, both kernels on the same tensors: fused_wgmma faster from S = 1500 up, even
-    at S = 1024, slower on S <= 257 where a 128-row tile is mostly padding or the grid is small).
-    Decoding and short cross-attention keep fused_mma (split-KV, packing, small key tiles)."""
+    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: long prefill.
+    H100, 2026-11-23, both kernels on the same tensors (scripts/device_attention.py, fp16): 1.06-1.18x
+    faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill, B=8 H=16 S=2048);
+    slower on S <= 257 (BERT, ViT, CLIP, the seed: 0.78-0.93x), where 128-row tiles are mostly
+    padding or too few. Decoding and short cross-attention keep fused_mma (split-KV, packing)."""
     return p.sq >= 1024 and p.sk >= 512
 
 
 def default_tiles(d: int) -> tuple[int, int, int]:
-    """(groups, block_k, stages): 2 warpgroups, FlashAttention-3's overlap; 128-key tiles up to
-    DP = 64 (fewer barriers per key; H100 run 1: 1.08-1.12x over 64 keys), 64 above (registers)."""
-    return (2, 128, 3) if padded_dim(d) <= 64 else (2, 64, 3)
+    """(groups, block_k, stages). H100 sweep (2026-11-23, fp16): up to DP = 64, 2 warpgroups with
+    128-key tiles and the plain loop were fastest or within 1.2% on every long shape (the
+    FlashAttention-3 overlap, stages = 3, needs ~160 registers there and lost 0.8x); above, 64-key
+    tiles, plain loop: within 3% of the best of each shape (DiT D=72: stages 3 2% faster; Llama-3
+    D=128: 3 warpgroups with stages 3 3% faster)."""
+    return (2, 128, 2) if padded_dim(d) <= 64 else (2, 64, 2)
 
 
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
