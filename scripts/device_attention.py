@@ -1,7 +1,9 @@
 """Attention on a GPU, one command: every model shape of jitops.bench.attention (fp16 and bf16) checked
 against float64 and timed against torch SDPA on the same tensors (CUDA-graph replay and eager, median
-of trials), a small tile sweep of the matrix-core kernel, and compute-sanitizer memcheck / racecheck on
-one small case of each new kernel path. Prints a table last; writes JSON with --out.
+of trials); on sm_90 also the other matrix-core kernel (fused_mma when the scheduler picked
+fused_wgmma and the reverse) on the same tensors, a small tile sweep of fused_wgmma, and
+compute-sanitizer memcheck / racecheck on one small case of each new kernel path. Prints a table
+last; writes JSON with --out.
 
     python3 scripts/device_attention.py [--out DIR] [--no-sweep] [--no-sanitize]
     python3 scripts/device_attention.py --sanitize-case      (the small cases, run under the sanitizer)
@@ -22,6 +24,7 @@ import jitops
 from jitops.bench.attention import MODELS, sdpa_call, torch_reference
 from jitops.bench.timing import Timer
 from jitops.ops import get_op
+from jitops.ops.attention_wgmma import why_not as wgmma_why_not
 from jitops.ops.base import Schedule, TensorSpec
 
 op = get_op("attention")
@@ -32,30 +35,18 @@ def _s(**kw):
     return Schedule.make("fused_mma", **kw)
 
 
-DEC = dict(warps=4, row_groups=1, block_k=64, key_warps=4, pack=True)
-# fp16 tile alternatives timed next to the scheduler's choice (graph replay), to tune the heuristic.
-Q2 = dict(row_groups=2, q_regs=False)        # 2 row groups per warp sharing K/V fragments, Q from shared memory
-SWEEP = {
-    "Llama3-8B decode B=16 Sk=4096": [_s(**DEC, splits=3, stages=3), _s(**DEC, splits=3, stages=4),
-                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=3, stages=4),
-                                      _s(warps=2, row_groups=1, block_k=32, key_warps=2, pack=True, splits=6,
-                                         stages=3)],
-    "Falcon-7B decode MQA Sk=2048": [_s(warps=8, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8),
-                                     _s(warps=4, row_groups=1, block_k=64, pack=True, splits=8),
-                                     _s(warps=2, row_groups=1, block_k=64, pack=True, splits=12, stages=3)],
-    "B=8 H=16 S=2048 D=64": [_s(warps=4, block_k=64, **Q2), _s(warps=4, block_k=128, **Q2),
-                             _s(warps=8, row_groups=1, block_k=64, stages=3)],
-    "SD1.5 self D=40": [_s(warps=4, block_k=64, **Q2), _s(warps=4, block_k=128, **Q2)],
-    "SDXL self H=10 S=4096": [_s(warps=4, block_k=64, **Q2)],
-    "GPT-2 causal S=1024": [_s(warps=4, block_k=64, **Q2)],
-    "Whisper enc H=20 S=1500": [_s(warps=4, block_k=64, **Q2), _s(warps=4, row_groups=1, block_k=64)],
-    "BERT-base S=128": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, block_k=64, **Q2),
-                        _s(warps=2, row_groups=1, block_k=64)],
-    "CLIP ViT-L/14 S=257": [_s(warps=4, row_groups=1, block_k=64), _s(warps=4, block_k=64, **Q2)],
-    "Llama3-8B prefill GQA causal": [_s(warps=4, block_k=32, **Q2), _s(warps=4, block_k=32, stages=3, **Q2)],
-    "DiT-XL S=1024 D=72": [_s(warps=8, row_groups=1, block_k=32)],
-    "Gemma-7B prefill D=256 causal": [_s(warps=8, row_groups=1, block_k=32), _s(warps=4, row_groups=1, block_k=64)],
-}
+def _w(groups, block_k, stages=2):
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, **({"stages": stages} if stages != 2 else {}))
+
+
+# fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic:
+# with and without the softmax / GEMM overlap (stages 3 / 2), 64- or 128-key tiles, 2 or 3 warpgroups.
+WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 64), _w(3, 128, 3)]
+WG128 = [_w(2, 64, 3), _w(3, 64, 3), _w(2, 128)]
+SWEEP = {"B=8 H=16 S=2048 D=64": WG64, "B=8 H=16 S=2048 causal": WG64, "B=256 S=128 D=64": WG64[:2],
+         "SD1.5 self D=40": WG64, "SDXL self H=10 S=4096": WG64[:3], "Llama3-8B prefill GQA causal": WG128,
+         "DiT-XL S=1024 D=72": WG128, "Whisper enc H=20 S=1500": WG64[:3], "GPT-2 causal S=1024": WG64[:3],
+         "BERT-base S=128": WG64[:2], "ViT-B/16 S=197": WG64[:2], "CLIP ViT-L/14 S=257": WG64[:2]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
@@ -106,9 +97,36 @@ def measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=None, vendor
         row["ratio"] = row["sdpa_graph_us"] / row["graph_us"]
         row["ratio_eager"] = row["sdpa_eager_us"] / row["eager_us"]
         row["tflops"] = p.flops() / (row["graph_us"] * 1e-6) / 1e12
+        alt = other_kernel(p, sched)
+        if alt is not None:                  # the other matrix-core kernel on the same tensors
+            try:
+                out.fill_(float("nan"))
+                jitops.attention(q, k, v, causal=causal, out=out, schedule=alt)
+                torch.cuda.synchronize()
+                alt_err = float((out.double() - ref).abs().max()) / scale
+                row["alt_schedule"] = str(alt)
+                row["alt_ok"] = bool(alt_err <= op.tolerance(p, alt)[0] and not torch.isnan(out).any())
+                row["alt_error"] = alt_err
+                row["alt_graph_us"] = timer.graph_us(
+                    lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=alt), n=n)
+            except Exception as exc:     # reported, not fatal
+                print(f"  {name} {dtype} {alt}: {type(exc).__name__}: {str(exc)[-3000:]}", flush=True)
     del ref
     torch.cuda.empty_cache()
     return row
+
+
+def other_kernel(p, sched):
+    """fused_mma when the scheduler chose fused_wgmma, fused_wgmma when it chose fused_mma and could
+    have run it (sm_90): the comparison the heuristic is tuned on."""
+    dev = jitops.get_backend().device
+    if wgmma_why_not(p, dev) is not None:
+        return None
+    if sched.algorithm == "fused_wgmma":
+        return op.heuristic(p, dev, "fused_mma")
+    if sched.algorithm == "fused_mma":
+        return op.heuristic(p, dev, "fused_wgmma")
+    return None
 
 
 def sweep(timer, rows, stop_at):
@@ -151,6 +169,16 @@ def sanitize_case():
              Schedule.make("fused_mma", warps=2, row_groups=1, block_k=64, pack=True, splits=3, stages=3)),
             ((2, 8, 3, 72), (2, 1, 300, 72), "bfloat16", "bottom_right",
              Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3))]
+    if wgmma_why_not(problem_of((1, 2, 130, 64), (1, 2, 130, 64), "float16", False), dev) is None:
+        # fused_wgmma: partial tiles at both ends, padded D, GQA, causal Sq != Sk, bf16, 3 warpgroups
+        runs += [((1, 2, 130, 64), (1, 2, 200, 64), "float16", False, Schedule.make("fused_wgmma", groups=2, block_k=64)),
+                 ((1, 2, 130, 64), (1, 2, 330, 64), "float16", True,
+                  Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3)),
+                 ((1, 4, 200, 80), (1, 1, 270, 80), "bfloat16", "bottom_right",
+                  Schedule.make("fused_wgmma", groups=3, block_k=64, stages=3)),
+                 ((1, 4, 90, 40), (1, 2, 150, 40), "bfloat16", "bottom_right",
+                  Schedule.make("fused_wgmma", groups=2, block_k=128)),
+                 ((1, 2, 200, 72), (1, 1, 300, 72), "float16", True, Schedule.make("fused_wgmma", groups=3, block_k=64))]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)
@@ -213,11 +241,14 @@ def best_table(rows, found):
 
 def table(rows):
     lines = [f"{'problem':<34} {'dtype':<8} {'jitops us':>10} {'SDPA us':>9} {'ratio':>6} {'eager':>6} "
-             f"{'TFLOP/s':>8} {'err':>8}  schedule"]
+             f"{'TFLOP/s':>8} {'err':>8} {'other us':>9}  schedule / other kernel"]
     for r in rows:
+        alt = r.get("alt_graph_us")
+        alt_s = f"{alt:9.1f}" if alt else f"{'-':>9}"
         lines.append(f"{r['problem']:<34} {r['dtype']:<8} {r['graph_us']:10.1f} {r['sdpa_graph_us']:9.1f} "
-                     f"{r['ratio']:6.2f} {r['ratio_eager']:6.2f} {r['tflops']:8.1f} {r['error']:8.1e}  "
-                     f"{'' if r['ok'] else 'WRONG '}{r['schedule']}")
+                     f"{r['ratio']:6.2f} {r['ratio_eager']:6.2f} {r['tflops']:8.1f} {r['error']:8.1e} {alt_s}  "
+                     f"{'' if r['ok'] else 'WRONG '}{r['schedule']}"
+                     + (f" / {'' if r.get('alt_ok') else 'WRONG '}{r.get('alt_schedule')}" if "alt_schedule" in r else ""))
     for dtype in ("float16", "bfloat16"):
         sel = [r["ratio"] for r in rows if r["dtype"] == dtype]
         if sel:
@@ -253,7 +284,9 @@ def main():
         rows.append(r)
         print(f"{r['problem']:<34} {r['dtype']:<8} {r['graph_us']:9.1f} us  sdpa {r['sdpa_graph_us']:9.1f}  "
               f"x{r['ratio']:.2f} (eager x{r['ratio_eager']:.2f})  err {r['error']:.1e} "
-              f"{'ok' if r['ok'] else 'WRONG'}  {r['schedule']}  [{time.time() - t0:.1f} s]", flush=True)
+              f"{'ok' if r['ok'] else 'WRONG'}  {r['schedule']}  [{time.time() - t0:.1f} s]"
+              + (f"  other {r['alt_graph_us']:.1f} us {'ok' if r['alt_ok'] else 'WRONG'} {r['alt_schedule']}"
+                 if r.get("alt_graph_us") else ""), flush=True)
     san = {} if args.no_sanitize else sanitize(args.out)
     found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline)
     if found:

@@ -290,8 +290,9 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
     assert op.heuristic(problem("float16", 40), emu.device).algorithm == "three_stage"   # no matrix cores
     assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
     assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
-    big = op.heuristic(problem("float16", 64, sq=2048), h100)
+    big = op.heuristic(problem("float16", 64, sq=2048), KNOWN_TARGETS["sm_80"])
     assert (big["warps"], big["row_groups"]) == (8, 1) and "matrix cores" in big.why
+    assert op.heuristic(problem("float16", 64, sq=2048), h100).algorithm == "fused_wgmma"
     small = op.heuristic(problem("float16", 64, sq=16), h100)      # few rows: smaller blocks, more of them
     assert 16 * small["warps"] * small["row_groups"] < 128
 
@@ -315,10 +316,14 @@ def test_scheduler_decoding_and_model_shapes():
     assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why
     mha = pick((16, 32, 1, 128), (16, 32, 4096, 128))          # 512 row sets already fill the device
     assert mha.get("splits", 1) == 1 and not mha.get("pack")
-    prefill = pick((1, 32, 2048, 128), (1, 8, 2048, 128), True)
+    prefill = op.heuristic(op.make_problem({"q": TensorSpec((1, 32, 2048, 128), "float16"),
+                                            "k": TensorSpec((1, 8, 2048, 128), "float16"),
+                                            "v": TensorSpec((1, 8, 2048, 128), "float16"), "mask": None},
+                                           {"causal": True}), h100, "fused_mma")
     assert (prefill["warps"], prefill["row_groups"], prefill["q_regs"]) == (4, 2, False)
-    for d in (40, 72, 256):
-        assert pick((2, 8, 1024, d), (2, 8, 1024, d)).algorithm == "fused_mma"
+    for d in (40, 72):                                          # long prefill: Hopper's warpgroup MMA
+        assert pick((2, 8, 1024, d), (2, 8, 1024, d)).algorithm == "fused_wgmma"
+    assert pick((2, 8, 1024, 256), (2, 8, 1024, 256)).algorithm == "fused_mma"
     assert pick((1, 16, 2048, 256), (1, 16, 2048, 256), True)["warps"] == 8
 
 
@@ -397,3 +402,75 @@ def test_sm80_kernel_uses_mma_sync_and_ldmatrix():
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "cp.async.cg.shared.global" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
+    specs = {"q": TensorSpec(q, dtype), "k": TensorSpec(kv, dtype), "v": TensorSpec(kv, dtype),
+             "mask": TensorSpec((q[-2], kv[-2]), "float32") if mask else None}
+    return op.make_problem(specs, {"causal": causal})
+
+
+def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
+    """sm_90: fused_wgmma for long prefill (fp16/bf16, D a multiple of 8 up to 128, GQA, causal,
+    masks); fused_mma for decoding, short sequences, D=256 or D=36; never on sm_80 or for fp32."""
+    from jitops.device import KNOWN_TARGETS
+    h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
+    for q, kv, dtype, causal, mask in (((8, 16, 2048, 64), (8, 16, 2048, 64), "float16", False, False),
+                                       ((1, 32, 2048, 128), (1, 8, 2048, 128), "bfloat16", True, False),
+                                       ((2, 8, 4096, 40), (2, 8, 4096, 40), "float16", False, True)):
+        p = _hopper_problem(q, kv, dtype, causal, mask)
+        s = op.heuristic(p, h100)
+        assert s.algorithm == "fused_wgmma", (q, s)
+        assert "warpgroup MMA" in s.why and f"D={q[-1]}" in s.why
+        assert op.heuristic(p, a100).algorithm == "fused_mma"
+        assert any(c.algorithm == "fused_wgmma" for c in op.candidates(p, h100))
+        assert not any(c.algorithm == "fused_wgmma" for c in op.candidates(p, a100))
+    for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
+                         ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
+                         ((1, 16, 2048, 256), (1, 16, 2048, 256), "float16"),    # D > 128
+                         ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
+        assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
+    assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
+
+
+def test_wgmma_is_refused_where_it_cannot_run():
+    from jitops.device import KNOWN_TARGETS
+    h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
+    p = _hopper_problem((1, 2, 256, 64), (1, 2, 256, 64))
+    with pytest.raises(ScheduleError, match="sm_90"):
+        op.heuristic(p, a100, "fused_wgmma")
+    with pytest.raises(ScheduleError, match="multiples of 8"):
+        op.heuristic(_hopper_problem((1, 2, 256, 36), (1, 2, 256, 36)), h100, "fused_wgmma")
+    with pytest.raises(ScheduleError, match="float16 or bfloat16"):
+        op.heuristic(_hopper_problem((1, 2, 256, 64), (1, 2, 256, 64), "float32"), h100, "fused_wgmma")
+    with pytest.raises(ScheduleError, match="stages"):
+        op.plan(p, Schedule.make("fused_wgmma", groups=2, block_k=64, stages=5), h100)
+    with pytest.raises(ScheduleError, match="shared memory"):
+        op.plan(_hopper_problem((1, 2, 256, 128), (1, 2, 256, 128)),
+                Schedule.make("fused_wgmma", groups=3, block_k=128, stages=3), h100)
+
+
+def test_wgmma_kernel_compiles_for_sm90a_without_spills():
+    """Both loops of fused_wgmma compile offline (NVRTC, sm_90a) to wgmma with no local memory; the
+    warpgroup-specialised PTX has the register-A form with a transposed B."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from jitops import engine
+    from jitops.runtime import get_backend
+    backend = get_backend(target="sm_90")
+    p = _hopper_problem((1, 4, 300, 72), (1, 2, 200, 72), "bfloat16", causal=True)
+    for sched in (Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3),):
+        source = engine.kernel_source(backend.device, op.plan(p, sched, backend.device).launches[0])
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+        opts = [b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v"]
+        assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetPTX(prog, buf)
+        ptx = buf.decode()
+        assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
+        assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in ptx     # P V: D=72 padded to 80
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        text = log.decode(errors="replace")
+        assert "0 bytes spill stores" in text and "C7519" not in text, text

@@ -24,10 +24,16 @@ def gpu_backend():
         yield be
 
 
+def hopper():
+    return jitops.get_backend().device.arch.rstrip("a") == "sm_90" and torch.version.hip is None
+
+
 def algorithms(dtype):
     out = ["fused", "three_stage", "naive", None]
     if dtype in (torch.float16, torch.bfloat16) and jitops.get_backend().device.matrix_cores:
         out.insert(0, "fused_mma")
+        if hopper():
+            out.insert(0, "fused_wgmma")
     return out
 
 
@@ -198,3 +204,20 @@ def test_bf16_matches_sdpa():
     out = check(q, k, v, causal=True)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert float((out.double() - sdpa.double()).abs().max()) <= 2 * TOL[torch.bfloat16] * float(sdpa.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [40, 72, 80, 96, 128])
+def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
+    """fused_wgmma (sm_90a) on each loop (stages 2 / 3) and tile shape: padded head dims, GQA 4:1, both
+    diagonals with Sq != Sk."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    q = randn(2, 8, 200, d, dtype=dtype)
+    k, v = randn(2, 2, 333, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype)
+    for groups, block_k, stages in ((2, 64, 2), (2, 128, 3), (3, 64, 3)):
+        sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=stages)
+        check(q, k, v, schedule=sched)
+        check(q, k, v, causal=True, schedule=sched)
+        check(q, k, v, causal="bottom_right", schedule=sched)

@@ -3,8 +3,9 @@
 The op contract (docs/adding_an_op.md) is split over two modules to keep each small:
 attention_problem (shapes, validation, float64 reference, data, tolerances) and
 attention_schedule (the scheduler, the tuning space, plans). Algorithms, fastest first:
-fused_mma (matrix cores, fp16/bf16, any head dim; attention_mma), fused (SIMT), three_stage
-(GEMM + softmax + GEMM), naive.
+fused_wgmma (Hopper warpgroup MMA, sm_90a, long prefill; attention_wgmma), fused_mma (matrix
+cores, fp16/bf16, any head dim; attention_mma), fused (SIMT), three_stage (GEMM + softmax +
+GEMM), naive.
 """
 from __future__ import annotations
 

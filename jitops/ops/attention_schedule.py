@@ -1,6 +1,9 @@
 """attention schedules: the scheduler, the tuning space and the kernel launches of each algorithm.
 
 Algorithms:
+- fused_wgmma: the same single pass on Hopper's warpgroup MMA (sm_90a; prefill-sized fp16/bf16
+  problems with D a multiple of 8 up to 128: attention_wgmma). Chosen over fused_mma on sm_90
+  where attention_wgmma.preferred says it wins.
 - fused_mma: flash-style single pass on the matrix cores (fp16; any D up to 256, padded to a
   multiple of 16 in the kernel; GQA packing, warps splitting keys and split-KV for decoding:
   attention_mma).
@@ -17,15 +20,16 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
+from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, why_not
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
 
 log = logging.getLogger("jitops.ops.attention")
 
-ALGORITHMS = ("fused_mma", "fused", "three_stage", "naive")
+ALGORITHMS = ("fused_wgmma", "fused_mma", "fused", "three_stage", "naive")
 SIMT_HEAD_DIMS = (32, 64, 96, 128)
 LOG2E = 1.4426950408889634
 TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2",
-             "fused_mma": "attention/fused_mma.hip.j2", "gemm": "attention/gemm.hip.j2",
+             "fused_mma": "attention/fused_mma.hip.j2", "fused_wgmma": "attention/fused_wgmma.hip.j2", "gemm": "attention/gemm.hip.j2",
              "softmax": "attention/softmax.hip.j2"}
 
 
@@ -104,11 +108,13 @@ def _three_stage_schedule(p: AttentionProblem, device: DeviceInfo, why: str = ""
 
 
 def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
-    """fp16/bf16 + matrix cores: fused_mma (any D); else D in 32/64/96/128: fused; else three_stage.
-    naive only when asked for."""
+    """fp16/bf16 + matrix cores: fused_wgmma on sm_90 where it applies and wins, else fused_mma
+    (any D); else D in 32/64/96/128: fused; else three_stage. naive only when asked for."""
     p = problem
     if algorithm is None:
         if p.dtype in MMA_DTYPES and device.matrix_cores:
+            if why_not(p, device) is None and preferred(p):
+                return wgmma_schedule(p, device)
             return mma_schedule(p, device)
         if p.d in SIMT_HEAD_DIMS:
             return _simt_schedule(p, device)
@@ -117,6 +123,8 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
         return _three_stage_schedule(p, device, why=f"D={p.d} has no fused kernel (fused: {SIMT_HEAD_DIMS}; "
                                                     f"fused_mma: {', '.join(MMA_DTYPES)} on matrix cores)")
     _check_applicable(p, device, algorithm)
+    if algorithm == "fused_wgmma":
+        return wgmma_schedule(p, device)
     if algorithm == "fused_mma":
         return mma_schedule(p, device)
     if algorithm == "fused":
@@ -129,6 +137,8 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
 def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -> None:
     if algorithm not in ALGORITHMS:
         raise ScheduleError(f"attention has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+    if algorithm == "fused_wgmma" and why_not(p, device):
+        raise ScheduleError(f"attention fused_wgmma: {why_not(p, device)}: use 'fused_mma'")
     if algorithm == "fused_mma":
         if not device.matrix_cores:
             raise ScheduleError(f"attention fused_mma needs matrix cores (mma.sync on sm_80+, MFMA on CDNA); "
@@ -151,6 +161,7 @@ def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
             continue
     if p.dtype in MMA_DTYPES and device.matrix_cores:
         out.extend(mma_candidates(p, device))
+        out.extend(wgmma_candidates(p, device))
     if p.d in SIMT_HEAD_DIMS:
         for block_q, block_k, tm, tn in _simt_tiles(p, device):
             out.append(Schedule.make("fused", block_q=block_q, block_k=block_k, rows_per_thread=tm,
@@ -201,7 +212,7 @@ def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> P
     scale_log2 = p.scale * LOG2E
     bh = p.batch * p.heads
     tail = (Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", p.sq), Scalar("i32", p.sk))
-    if algorithm in ("fused", "fused_mma"):
+    if algorithm in ("fused", "fused_mma", "fused_wgmma"):
         return _plan_fused(p, schedule, device, scale_log2, tail)
     if algorithm == "three_stage":
         return _plan_three_stage(p, schedule, device, tail)
@@ -224,6 +235,8 @@ def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, sca
     idx = _index(p, schedule, int(schedule.get("splits", 1)) * p.batch * p.heads * p.sq * p.d)
     params = _common_params(p, idx)
     params["head_dim"] = p.d
+    if schedule.algorithm == "fused_wgmma":
+        return plan_wgmma(p, schedule, device, params, _mask_args(p, idx), tail, scale_log2)
     if schedule.algorithm == "fused_mma":
         return plan_mma(p, schedule, device, idx, params, _mask_args(p, idx), tail, scale_log2)
     block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
@@ -343,4 +356,8 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))
+    if why_not(problem("bfloat16", 72), device) is None:
+        # one sm_90a representative: bf16, padded D (72 -> 80), GQA, causal with a mask (checked softmax)
+        pr = problem("bfloat16", 72, mask=True, causal=True)
+        out.append((pr, Schedule.make("fused_wgmma", groups=2, block_k=64)))
     return out

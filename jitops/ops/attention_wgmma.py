@@ -1,0 +1,128 @@
+"""attention on Hopper's warpgroup MMA (fused_wgmma, sm_90a): where it applies, its tiles, the launch.
+
+templates/attention/fused_wgmma.hip.j2: `groups` warpgroups of 128 threads each own 64 query rows
+of one (batch, head) and sweep the keys in tiles of `block_k`; S = Q K^T and O += P V are wgmma
+(m64nNk16, fp32 accumulators), P never leaves registers. It covers prefill-like shapes: head dims
+that are multiples of 8 up to 128 (padded to 16 inside), GQA, causal, additive masks. Decoding
+(few query rows) and D > 128 stay on fused_mma, whose split-KV and head packing fit them.
+"""
+from __future__ import annotations
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .attention_mma import MMA_DTYPES, padded_dim
+from .attention_problem import AttentionProblem
+from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
+
+TEMPLATE = "attention/fused_wgmma.hip.j2"
+MAX_DIM = 128
+MIN_ROWS = 128          # fewer query rows per head: most of a 64-row warpgroup tile would be padding
+BLOCK_KS = (64, 128)
+GROUPS = (2, 3)
+STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
+
+
+def hopper(device: DeviceInfo) -> bool:
+    """wgmma exists on compute capability 9.0 only (the arch-specific sm_90a target)."""
+    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
+
+
+def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
+    """None when fused_wgmma can run this problem on this device, else the reason."""
+    if not hopper(device):
+        return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
+    if p.dtype not in MMA_DTYPES:
+        return f"wgmma takes {' or '.join(MMA_DTYPES)}, not {p.dtype}"
+    if p.d % 8 or p.d > MAX_DIM:
+        return f"D={p.d}: fused_wgmma takes head dims that are multiples of 8 up to {MAX_DIM}"
+    return None
+
+
+def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2) -> int:
+    """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes."""
+    chunks = padded_dim(d) // 8
+    return chunks * ((64 * groups * 16 + 64) + 2 * stages * (block_k * 16 + 64))
+
+
+def registers(d: int, block_k: int) -> int:
+    """Rough registers per thread: S (BK/2) and O (DP/2) accumulators, P packed (BK/4), ~40 more."""
+    return block_k // 2 + padded_dim(d) // 2 + block_k // 4 + 40
+
+
+def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> bool:
+    threads = 128 * groups
+    return (threads <= device.max_threads_per_block and registers(d, block_k) * threads <= 65536
+            and registers(d, block_k) <= 255
+            and shared_bytes(d, groups, block_k, stages) <= device.shared_per_block_optin)
+
+
+def preferred(p: AttentionProblem) -> bool:
+    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: long prefill.
+    H100, 2026-11-23, both kernels on the same tensors (scripts/device_attention.py, fp16): 1.06-1.18x
+    faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill, B=8 H=16 S=2048);
+    slower on S <= 257 (BERT, ViT, CLIP, the seed: 0.78-0.93x), where 128-row tiles are mostly
+    padding or too few. Decoding and short cross-attention keep fused_mma (split-KV, packing)."""
+    return p.sq >= 1024 and p.sk >= 512
+
+
+def default_tiles(d: int) -> tuple[int, int, int]:
+    """(groups, block_k, stages). H100 sweep (2026-11-23, fp16): up to DP = 64, 2 warpgroups with
+    128-key tiles and the plain loop were fastest or within 1.2% on every long shape (the
+    FlashAttention-3 overlap, stages = 3, needs ~160 registers there and lost 0.8x); above, 64-key
+    tiles, plain loop: within 3% of the best of each shape (DiT D=72: stages 3 2% faster; Llama-3
+    D=128: 3 warpgroups with stages 3 3% faster)."""
+    return (2, 128, 2) if padded_dim(d) <= 64 else (2, 64, 2)
+
+
+def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
+    """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
+    reason = why_not(p, device)
+    if reason:
+        raise ScheduleError(f"attention fused_wgmma: {reason}")
+    dp = padded_dim(p.d)
+    groups, bk, stages = default_tiles(p.d)
+    if not fits(p.d, groups, bk, device, stages):
+        groups, bk, stages = (2, 64, 2)
+    if not fits(p.d, groups, bk, device, stages):
+        raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
+    blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+    smem = shared_bytes(p.d, groups, bk, stages)
+    why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
+           f"rows, S = QK^T and O += PV by wgmma (P from registers), {stages} K/V buffers of {bk} keys by cp.async"
+           + (", softmax overlapping the P V product" if stages == 3 else "")
+           + f" ({smem // 1024} KiB shared); {blocks} blocks")
+    return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, **({"stages": 3} if stages == 3 else {}))
+
+
+def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
+    if why_not(p, device):
+        return []
+    return [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
+            for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
+
+
+def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
+               tail: tuple, scale_log2: float) -> Plan:
+    reason = why_not(p, device)
+    if reason:
+        raise ScheduleError(f"attention fused_wgmma: {reason}")
+    groups, bk = int(schedule["groups"]), int(schedule["block_k"])
+    stages = int(schedule.get("stages", 2))
+    if groups not in GROUPS or bk not in BLOCK_KS or stages not in STAGES:
+        raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
+                            f"in {GROUPS}, {BLOCK_KS} and {STAGES}")
+    smem = shared_bytes(p.d, groups, bk, stages)
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
+                            f"{device.shared_per_block_optin} on {device.name}")
+    q_tiles = ceil_div(p.sq, 64 * groups)
+    blocks = p.batch * p.heads * q_tiles
+    if blocks > 2**31 - 1:
+        raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
+    threads = 128 * groups
+    params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
+              "scale_positive": p.scale > 0}
+    args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
+            Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    return Plan(launches=(Launch.make(TEMPLATE, "attention_fused_wgmma", params, (blocks,), (threads,), args,
+                                      smem),))
