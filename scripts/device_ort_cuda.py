@@ -86,8 +86,28 @@ def rewritten(data: bytes, ops: list[str] | None, variant: str):
         matchers._residual_add = keep
 
 
+def placement(ort, make, out_dir: str, tag: str) -> tuple[object, dict]:
+    """A session built by make(options) with its optimized graph written out, and what ORT did to
+    it: Memcpy nodes inserted (data crossing between providers) and the node types that read a
+    MemcpyToHost output (what runs on the CPU provider inside a CUDA session)."""
+    import onnx
+    path = os.path.join(out_dir, f"optimized_{tag}.onnx")
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = path
+    sess = make(opts)
+    m = onnx.load(path, load_external_data=False)
+    os.remove(path)
+    to_host = {o for n in m.graph.node if n.op_type == "MemcpyToHost" for o in n.output}
+    on_cpu: dict[str, int] = {}
+    for n in m.graph.node:
+        if to_host & set(n.input):
+            on_cpu[n.op_type] = on_cpu.get(n.op_type, 0) + 1
+    return sess, {"memcpy": sum(n.op_type.startswith("Memcpy") for n in m.graph.node), "reads_host_copy": on_cpu,
+                  "fused_types": sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})}
+
+
 def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] | None = None,
-             variants: tuple[str, ...] = ("default",)) -> dict:
+             variants: tuple[str, ...] = ("default",), out_dir: str = ".") -> dict:
     import jitops.onnx as jo
     from jitops.onnx.testing import max_rel_error
     from onnx_models import export
@@ -97,16 +117,21 @@ def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] |
     ref = ort.InferenceSession(data32, providers=["CPUExecutionProvider"]).run(
         None, {k: v.astype(np.float32) for k, v in feeds.items()})[0]
     cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    bound = {"ort": Bound(ort, ort.InferenceSession(data, providers=cuda), feeds)}
+    tag = f"{name}_{batch}_{dtype}"
+    native, graphs = placement(ort, lambda o: ort.InferenceSession(data, sess_options=o, providers=cuda), out_dir, tag)
+    bound = {"ort": Bound(ort, native, feeds)}
+    places = {"ort": graphs}
     nodes = {}
     for v in variants:
         model = rewritten(data, ops, v)
         nodes[v] = sum(n.domain == "jitops" for n in model.graph.node)
-        bound[v] = Bound(ort, jo.session(model, providers=cuda, rewrite=False), feeds)
+        sess, places[v] = placement(ort, lambda o: jo.session(model, providers=cuda, rewrite=False, options=o),
+                                    out_dir, f"{tag}_{v}")
+        bound[v] = Bound(ort, sess, feeds)
     ms = take_turns(bound, reps)
     y_ort = bound["ort"].output().astype(np.float32)
     r = {"model": name, "batch": batch, "dtype": dtype, "ops": ops or "all", "ort_cuda_ms": round(ms["ort"], 3),
-         "err_ort_vs_fp32": max_rel_error(y_ort, ref)}
+         "err_ort_vs_fp32": max_rel_error(y_ort, ref), "graphs": places}
     for v in variants:
         y = bound[v].output().astype(np.float32)
         tag = "" if v == "default" else f"_{v}"
@@ -144,7 +169,7 @@ def main() -> int:
                 r = {"model": name, "batch": batch, "dtype": dtype, "skipped": "time budget"}
             else:
                 try:
-                    r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")))
+                    r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")), args.out)
                 except Exception as exc:  # reported; the other cases still run
                     r = {"model": name, "batch": batch, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"[:1500]}
             results.append(r)
