@@ -43,7 +43,7 @@ def section_tf32_check(out_dir: str, checks: list) -> dict:
                 xl = x.to(memory_format=CL) if layout == "nhwc" else x
                 rl = (r.to(memory_format=CL) if layout == "nhwc" else r) if has_r else None
                 for s in schedules:
-                    out = torch.full_like(ref, float("nan"), dtype=torch.float32)
+                    out = torch.full(tuple(ref.shape), float("nan"), device="cuda")
                     if layout == "nhwc":
                         out = out.to(memory_format=CL)
                     try:

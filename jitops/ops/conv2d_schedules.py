@@ -79,12 +79,8 @@ def _direct_options(p: Conv2dProblem) -> list[Schedule]:
 
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """Every schedule the tuner may time for this problem (each one plans on this device). fp32
-    with precision "tf32" / "3xtf32" asked for the matrix cores: only their kernel, where it
-    applies and fits (else the exact kernels: the precision is a permission, as torch's allow_tf32)."""
-    if p.precision != "highest" and mma.why_not(p) is None and device.matrix_cores:
-        found = mma.candidates(p, device)
-        if found:
-            return found
+    with precision "tf32" / "3xtf32" adds the matrix-core kernel to the exact ones: the precision
+    is a permission (as torch's allow_tf32), the cost model picks the faster."""
     out = [Schedule.make("naive", block=256)]
     out += _direct_options(p)
     gemm_alg = "gemm_1x1" if p.is_pointwise else "implicit_gemm"
