@@ -116,9 +116,10 @@ def test_precision_errors_and_choice(emu):
     # A permission, not an order: the cost model takes the matrix cores where they are faster (a
     # large 1x1 layer) and keeps Winograd where it is (measured on an H100: docs/conv2d.md).
     assert pick("highest")[1].algorithm != "implicit_gemm_mma"
+    assert pick("tf32")[1].algorithm == "implicit_gemm_mma"
     for precision in ("tf32", "3xtf32"):
         p, s = pick(precision)
-        assert s.algorithm == "implicit_gemm_mma" and precision in p.key()
+        assert precision in p.key() and any(c.algorithm == "implicit_gemm_mma" for c in op.candidates(p, dev))
         assert pick(precision, w=(256, 256, 3, 3), padding=1)[1].algorithm == "winograd_4x4"
     assert pick("tf32", "float16")[0].precision == "highest"      # 16-bit inputs: no fp32 policy
     p = pick("3xtf32")[0]
