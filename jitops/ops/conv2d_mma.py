@@ -50,6 +50,14 @@ class MmaCost:
     occ_floor: float = 0.785       # rate with one block per multiprocessor, of the rate with two or more
     split_s: float = 1.36e-6       # the split-K reduction launch
     split_eff: float = 0.688       # its bytes, of the copy bandwidth
+    # fp32 on the matrix cores: time per flop against the fp16 tile of the same bytes per row.
+    # Nominally 2 (TF32 runs at half the fp16 rate) and 6 (three products). On 76 problems timed
+    # on an H100 (2026-11-23: 10 benchmark problems, 66 torchvision layers) measured / estimated
+    # time fits 3.35 and 5.03 (the kernel is bound by loads and barriers more than by products);
+    # the choice against the exact kernels (modelled on an H200) loses least total time at 1.4x
+    # and 2x that: 1.05x / 1.07x the time of always picking the faster (1.08x / 1.08x at the time
+    # fit). scripts/conv2d_tf32_fit.py reproduces both fits.
+    fp32_math: dict = field(default_factory=lambda: {"tf32": 4.7, "3xtf32": 10.0})
 
 
 # Registers per thread by warp tile (ptxas, sm_90), for residency.
@@ -236,13 +244,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         peak_sm = 2048 * 1.7e9
     else:
         peak_sm = 2048 * 1.41e9
-    # fp32: time per flop against the fp16 tile of the same bytes per row. Nominally 2 (TF32 runs
-    # at half the fp16 rate) and 6 (three products). On 76 problems timed on an H100 (2026-11-23:
-    # 10 benchmark problems, 66 torchvision layers) measured / estimated time fits 3.35 and 5.03
-    # (the kernel is bound by loads and barriers more than by products); the choice against the
-    # exact kernels (whose model was fitted on an H200) loses least total time at 1.4x and 2x that:
-    # 1.05x / 1.06x the time of always picking the faster (1.08x / 1.08x at the time fit).
-    math_per_flop = {"tf32": 4.7, "3xtf32": 10.0}.get(p.precision, 1.0) if p.dtype == "float32" else 1.0
+    math_per_flop = prm.fp32_math.get(p.precision, 1.0) if p.dtype == "float32" else 1.0
     key_bk = bk * p.itemsize // 2
     rate = peak_sm * prm.tile_rate.get((bm, bn, key_bk, wm, wn), 0.2) / math_per_flop
     smem = shared_bytes(bm, bn, bk, stages, p.itemsize)
