@@ -19,6 +19,7 @@ logging.getLogger("jitops").addHandler(logging.NullHandler())
 from ._version import __version__  # noqa: E402
 from .bundle import Bundle, BundleMismatch, load_bundle
 from .api import attention, batch_norm, conv2d, group_norm, layer_norm, leaky_relu, rms_norm
+from .api import get_fp32_precision, set_fp32_precision
 from .device import DeviceInfo
 from .device_array import DeviceArray, empty, to_device
 from .errors import (ArgumentError, BackendUnavailable, CompileError, DeviceRequired, EmulatorFault, JitopsError,
@@ -40,6 +41,7 @@ __all__ = [
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
     "LaunchError", "ScheduleError", "tune", "load_bundle", "Bundle", "BundleMismatch",
+    "set_fp32_precision", "get_fp32_precision",
 ]
 
 if __import__("os").environ.get("JITOPS_BUNDLE"):   # JITOPS_BUNDLE=DIR: load a compiled bundle now

@@ -18,6 +18,23 @@ from .ops.base import Schedule
 
 ScheduleArg = Schedule | str | None
 IntOrPair = int | Sequence[int]
+FP32_PRECISIONS = ("highest", "tf32", "3xtf32")
+_fp32_precision = ["highest"]      # the process-wide default of conv2d's `precision` (set_fp32_precision)
+
+
+def set_fp32_precision(mode: str) -> None:
+    """Default math for fp32 convolutions whose call gives no `precision` (like torch's allow_tf32):
+    "highest" (exact fp32 kernels, the default), "tf32" (matrix cores on operands rounded to TF32,
+    10-bit mantissa), "3xtf32" (each operand split into TF32 big + small parts, three products:
+    near-fp32 accuracy on the matrix cores). docs/conv2d.md gives each mode's measured error."""
+    from .errors import ArgumentError
+    if mode not in FP32_PRECISIONS:
+        raise ArgumentError("mode", f"one of {', '.join(map(repr, FP32_PRECISIONS))}", repr(mode), op="set_fp32_precision")
+    _fp32_precision[0] = mode
+
+
+def get_fp32_precision() -> str:
+    return _fp32_precision[0]
 
 
 def _out(name: str, out: Any) -> dict[str, Any] | None:
@@ -44,7 +61,8 @@ def leaky_relu(x: Any, alpha: float = 0.01, *, layout: str | None = None, out: A
 
 def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: IntOrPair = 0,
            dilation: IntOrPair = 1, groups: int = 1, activation: str | None = None, alpha: float = 0.01, *,
-           residual: Any = None, layout: str | None = None, out: Any = None, schedule: ScheduleArg = None) -> Any:
+           residual: Any = None, layout: str | None = None, out: Any = None, schedule: ScheduleArg = None,
+           precision: str | None = None) -> Any:
     """2-D convolution, OIHW weights, fp32, fp16 or bf16 (fp32 accumulation).
 
     x: NCHW, or NHWC (a channels_last torch tensor, or any array of shape (N, H, W, C) with
@@ -54,12 +72,16 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
     activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.
     residual: an array shaped like the output, added before the activation
     (y = act(conv + bias + residual): ResNet's Add + Relu, fused on the matrix cores).
+    precision: fp32 math, "highest" | "tf32" | "3xtf32"; None takes set_fp32_precision's mode.
+    Ignored for fp16 / bf16 (exact on the matrix cores already).
     """
+    precision = _fp32_precision[0] if precision is None else precision
     if out is None and schedule is None and layout is None and (y := repeat_call(
-            "conv2d", (x, w, bias, residual), (stride, padding, dilation, groups, activation, alpha))) is not MISS:
+            "conv2d", (x, w, bias, residual),
+            (stride, padding, dilation, groups, activation, alpha, precision))) is not MISS:
         return y
     attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
-             "activation": activation, "alpha": alpha}
+             "activation": activation, "alpha": alpha, "precision": precision}
     return engine.run("conv2d", {"x": x, "w": w, "bias": bias, "residual": residual}, _with_layout(attrs, layout),
                       out=_out("y", out), schedule=schedule)
 

@@ -12,9 +12,12 @@ Sections (each writes OUT_DIR/<section>.json as it finishes, so a cut-off run st
   layers    the conv layers of torchvision ResNet-50/18, MobileNet-V3-L, EfficientNet-B0 and
             ConvNeXt-T at batch 8 (forward hooks, random weights), fp16: jitops channels_last
             vs cuDNN at its best of NCHW / channels_last; graph replay
+  tf32_check, tf32_bench   fp32 on the matrix cores (precision tf32 / 3xtf32): scripts/conv2d_tf32.py
+  layers_tf32  the same layers in fp32: tf32 vs cuDNN TF32, 3xtf32 vs cuDNN fp32 and jitops' exact kernels
   resnet    ResNet-50 b8 fp16 channels_last, every conv through jitops.conv2d (BN folded, ReLU and
             the residual Add fused) against torch's own run, graph replay; output vs fp32 torch
-  sanitize  compute-sanitizer memcheck and racecheck on one small case of each new kernel
+  sanitize  compute-sanitizer memcheck and racecheck on one small case of each new kernel (started
+            first, beside the check sections, which time nothing)
   ncu       shared-memory bank conflicts (ncu's MemoryWorkloadAnalysis tables) of the matrix-core
             kernel on k100_2 (128 x 128 x 32 tile)
 """
@@ -29,75 +32,17 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import jitops  # noqa: E402
-from jitops.bench.conv2d import PROBLEMS  # noqa: E402
-from jitops.bench.timing import Timer  # noqa: E402
-from jitops.ops import get_op  # noqa: E402
-from jitops.ops.base import TensorSpec  # noqa: E402
-from jitops.ops import conv2d_mma as mma  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+import jitops  # noqa: E402
+from jitops.bench.conv2d import PROBLEMS  # noqa: E402
+from jitops.ops import conv2d_mma as mma  # noqa: E402
+
+from conv2d_devkit import (CL, PEAK, TDT, TensorSpec, conv_case, dump, geo, jitops_times, left, op, pads4,  # noqa: E402
+                           picked, ref_f64, rel_err, vendor_times, graph_us)
+from conv2d_layers import collect_layers, section_layers, section_layers_tf32, sweep_mma  # noqa: E402
 from conv2d_resnet50 import section_resnet  # noqa: E402
-
-op = get_op("conv2d")
-timer = Timer(torch)
-PEAK = 989e12          # dense fp16 / bf16 tensor peak, H100 SXM / H200
-TDT = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-CL = torch.channels_last
-T0 = time.time()
-
-
-def left(budget: float) -> float:
-    return budget - (time.time() - T0)
-
-
-def ref_f64(x, w, b, stride, pad, dil, groups, residual=None, act=None, alpha=0.01):
-    """float64 convolution as padding + unfold + a matmul per group (independent of every kernel)."""
-    t, l, bo, r = pad
-    xp = F.pad(x.double().contiguous(), (l, r, t, bo))
-    n, cin = xp.shape[:2]
-    cout, cg, kh, kw = w.shape
-    cols = F.unfold(xp, (kh, kw), dilation=dil, stride=stride)               # n x (cin*kh*kw) x L
-    oh = (xp.shape[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (xp.shape[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-    cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
-    wg = w.double().reshape(groups, cout // groups, cg * kh * kw)
-    y = torch.einsum("gok,ngkl->ngol", wg, cols).reshape(n, cout, oh, ow)
-    if b is not None:
-        y = y + b.double()[None, :, None, None]
-    if residual is not None:
-        y = y + residual.double()
-    if act == "relu":
-        y = torch.relu(y)
-    elif act == "leaky_relu":
-        y = torch.where(y < 0, alpha * y, y)
-    return y
-
-
-def rel_err(y, ref) -> float:
-    return float((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-
-
-def graph_us(fn) -> float:
-    us = timer.graph_us(fn, n=20, trials=5)
-    return us if us is not None else timer.per_call_us(fn, n=20)
-
-
-def dump(out_dir: str, name: str, data) -> None:
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-        json.dump(data, f, indent=1)
-
-
-def pads4(padding) -> tuple:
-    if isinstance(padding, int):
-        return (padding,) * 4
-    if len(padding) == 2:
-        return (padding[0], padding[1], padding[0], padding[1])
-    return tuple(padding)
+from conv2d_tf32 import section_tf32_bench, section_tf32_check, small_cases_tf32  # noqa: E402
 
 
 # ---------------------------------------------------------------- check
@@ -185,48 +130,11 @@ def replace_dtype(p, dtype):
     return replace(p, dtype=dtype)
 
 
-# ---------------------------------------------------------------- timing helpers
-
-def conv_case(xs, ws, attrs, dtype, has_b=False, has_r=False, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    td = TDT[dtype]
-    x = torch.randn(xs, device="cuda", generator=gen).to(td)
-    w = (torch.randn(ws, device="cuda", generator=gen) / math.sqrt(ws[1] * ws[2] * ws[3])).to(td)
-    b = torch.randn(ws[0], device="cuda", generator=gen).to(td) if has_b else None
-    return x, w, b
-
-
-def vendor_times(x, w, b, attrs) -> dict:
-    st, pd, dl, g = attrs.get("stride", 1), attrs.get("padding", 0), attrs.get("dilation", 1), attrs.get("groups", 1)
-    out = {}
-    for layout in ("nchw", "nhwc"):
-        xl = x.to(memory_format=CL) if layout == "nhwc" else x
-        wl = w.to(memory_format=CL) if layout == "nhwc" else w
-        out[layout] = graph_us(lambda: F.conv2d(xl, wl, b, st, pd, dl, g))
-    return out
-
-
-def jitops_times(x, w, b, attrs, schedule=None, layouts=("nchw", "nhwc")) -> dict:
-    out = {}
-    for layout in layouts:
-        xl = x.to(memory_format=CL) if layout == "nhwc" else x
-        jitops.conv2d(xl, w, b, schedule=schedule, **attrs)      # compile + prepare outside the graph
-        out[layout] = graph_us(lambda: jitops.conv2d(xl, w, b, schedule=schedule, **attrs))
-    return out
-
-
-def picked(xs, ws, attrs, dtype, layout="nhwc", has_b=False):
-    spec = {"x": TensorSpec(xs, dtype, layout if layout == "nhwc" else ""), "w": TensorSpec(ws, dtype),
-            "bias": TensorSpec((ws[0],), dtype) if has_b else None}
-    p = op.make_problem(spec, attrs)
-    return p, op.heuristic(p, jitops.get_backend().device)
-
-
 # ---------------------------------------------------------------- bench
 
-def section_bench(out_dir: str, budget: float, sweep: bool) -> dict:
+def section_bench(out_dir: str, budget: float, sweep: bool, dtypes=("float16", "bfloat16")) -> dict:
     rows = []
-    for dtype in ("float16", "bfloat16"):
+    for dtype in dtypes:
         for cp in PROBLEMS:
             if left(budget) < 0:
                 break
@@ -253,91 +161,7 @@ def section_bench(out_dir: str, budget: float, sweep: bool) -> dict:
                   f"{jit['nchw']:8.1f} cl {jit['nhwc']:8.1f} | ratio {row['ratio']:.2f} (nchw {row['ratio_nchw']:.2f}) "
                   f"{row['tflops']:.0f} TF/s err {err:.1e} best-mma {row.get('best_mma_nhwc_us')} | {s}", flush=True)
             dump(out_dir, "bench", rows)
-    return summarize(rows, ("float16", "bfloat16"))
-
-
-def summarize(rows, dtypes) -> dict:
-    out = {}
-    for dt in dtypes:
-        rs = [r["ratio"] for r in rows if r["dtype"] == dt]
-        if rs:
-            out[dt] = {"n": len(rs), "geomean": math.exp(sum(map(math.log, rs)) / len(rs)), "min": min(rs)}
-    return out
-
-
-# ---------------------------------------------------------------- real-network layers
-
-def collect_layers() -> list:
-    import torchvision.models as tvm
-    nets = {"resnet50": tvm.resnet50, "resnet18": tvm.resnet18, "mobilenet_v3_large": tvm.mobilenet_v3_large,
-            "efficientnet_b0": tvm.efficientnet_b0, "convnext_tiny": tvm.convnext_tiny}
-    seen, layers = set(), []
-    for name, ctor in nets.items():
-        model = ctor().eval()
-        found = []
-
-        def hook(mod, inp, _out, found=found):
-            x = inp[0]
-            key = (tuple(x.shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.dilation, mod.groups,
-                   mod.bias is not None)
-            found.append(key)
-        hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-        with torch.no_grad():
-            model(torch.randn(8, 3, 224, 224))
-        for h in hs:
-            h.remove()
-        for key in found:
-            if key not in seen:
-                seen.add(key)
-                layers.append((name, key))
-    return layers
-
-
-def sweep_mma(p, xl, w, b, attrs) -> dict:
-    """Graph-replay time of every matrix-core candidate (for fitting the cost model)."""
-    out = {}
-    for c in mma.candidates(p, jitops.get_backend().device):
-        try:
-            jitops.conv2d(xl, w, b, schedule=c, **attrs)
-            out[str(c)] = graph_us(lambda: jitops.conv2d(xl, w, b, schedule=c, **attrs))
-        except Exception as exc:  # noqa: BLE001 - a candidate that fails is data too
-            out[str(c)] = f"error: {exc}"[:200]
-    return out
-
-
-def section_layers(out_dir: str, budget: float, sweep: bool) -> dict:
-    rows = []
-    layers = collect_layers()
-    print(f"layers: {len(layers)} distinct conv layers", flush=True)
-    for net, (xs, ws, st, pd, dl, g, has_b) in layers:
-        if left(budget) < 0:
-            print("layers: out of time", flush=True)
-            break
-        attrs = {"stride": st, "padding": pd, "dilation": dl, "groups": g}
-        x, w, b = conv_case(xs, ws, attrs, "float16", has_b)
-        try:
-            p, s = picked(xs, ws, attrs, "float16", "nhwc", has_b)
-            ven = vendor_times(x, w, b, attrs)
-            jit = jitops_times(x, w, b, attrs, layouts=("nhwc",))
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"net": net, "x": xs, "w": ws, "error": str(exc)[:300]})
-            continue
-        ratio = min(ven.values()) / jit["nhwc"]
-        row = {"net": net, "x": xs, "w": ws, "attrs": attrs, "flops": p.flops, "vendor_us": ven,
-               "jitops_us": jit, "ratio": ratio, "pick": str(s), "tflops": p.flops / jit["nhwc"] / 1e6}
-        if sweep and mma.why_not(p) is None:
-            row["mma_candidates_nhwc_us"] = sweep_mma(p, x.to(memory_format=CL), w, b, attrs)
-        rows.append(row)
-        print(f"layer {net:18} x={xs} w={ws} s={st} g={g}: cuDNN {min(ven.values()):7.1f} jitops {jit['nhwc']:7.1f} "
-              f"ratio {ratio:.2f} {s.algorithm}", flush=True)
-    dump(out_dir, "layers", rows)
-    ok = [r for r in rows if "ratio" in r]
-    summary = {}
-    for net in sorted({r["net"] for r in ok}) + ["all"]:
-        rs = [r["ratio"] for r in ok if net == "all" or r["net"] == net]
-        summary[net] = {"n": len(rs), "geomean": math.exp(sum(map(math.log, rs)) / len(rs)), "min": min(rs)}
-    summary["errors"] = len(rows) - len(ok)
-    return summary
+    return {dt: geo([r["ratio"] for r in rows if r["dtype"] == dt]) for dt in dtypes}
 
 
 # ---------------------------------------------------------------- sanitizers
@@ -364,6 +188,7 @@ def small_cases() -> None:
                   .to(memory_format=CL), schedule="depthwise_nhwc")                   # NHWC depthwise
     torch.cuda.synchronize()
     print("small cases done")
+    small_cases_tf32()
 
 
 def ncu_case() -> None:
@@ -394,8 +219,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default=".")
     ap.add_argument("--budget", type=float, default=400.0)
-    ap.add_argument("--skip", default="")
-    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--skip", default="resnet,ncu")
+    ap.add_argument("--sweep", action="store_true", help="time every matrix-core candidate (cost-model fit)")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--ncu-case", action="store_true")
     args = ap.parse_args()
@@ -410,24 +235,37 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     skip = set(args.skip.split(","))
     summary = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    for name, fn in (("check", lambda: section_check(args.out)),
-                     ("bench", lambda: section_bench(args.out, args.budget * 0.3, not args.no_sweep)),
-                     ("layers", lambda: section_layers(args.out, args.budget * 0.8, not args.no_sweep)),
-                     ("resnet", lambda: section_resnet(args.out, graph_us, rel_err, dump))):
-        if name in skip:
+    procs = section_sanitize_start() if "sanitize" not in skip else None
+    layers: list = []
+    bud = args.budget
+
+    def get_layers() -> list:
+        if not layers:
+            layers.extend(collect_layers())
+            print(f"layers: {len(layers)} distinct conv layers", flush=True)
+        return layers
+
+    sections = (("check", lambda: section_check(args.out)),
+                ("tf32_check", lambda: section_tf32_check(args.out, CHECKS)),
+                ("sanitize", lambda: section_sanitize_finish(procs, args.out) if procs else "skipped"),
+                ("bench", lambda: section_bench(args.out, bud * 0.4, args.sweep)),
+                ("tf32_bench", lambda: section_tf32_bench(args.out, bud * 0.55)),
+                ("layers", lambda: section_layers(args.out, get_layers(), bud * 0.8, args.sweep)),
+                ("layers_tf32", lambda: section_layers_tf32(args.out, get_layers(), bud)),
+                ("resnet", lambda: section_resnet(args.out, graph_us, rel_err, dump)),
+                ("ncu", lambda: section_ncu(args.out)))
+    for name, fn in sections:
+        if name in skip and name != "sanitize":
             continue
+        t = time.time()
         try:
             summary[name] = fn()
         except Exception as exc:  # noqa: BLE001 - report and go on with the next section
             import traceback
             traceback.print_exc()
             summary[name] = f"error: {exc}"
+        print(f"==== {name}: {time.time() - t:.0f} s, {left(bud):.0f} s of the budget left", flush=True)
         dump(args.out, "summary", summary)
-    if "ncu" not in skip:
-        summary["ncu"] = section_ncu(args.out)
-    if "sanitize" not in skip:      # last: the sanitized processes would disturb the timings
-        summary["sanitize"] = section_sanitize_finish(section_sanitize_start(), args.out)
-    dump(args.out, "summary", summary)
     print("\n==== summary ====")
     print(json.dumps(summary, indent=1))
 
@@ -444,7 +282,7 @@ def section_sanitize_finish(procs, out_dir: str) -> dict:
     res = {}
     for tool, proc in procs.items():
         try:
-            text, _ = proc.communicate(timeout=150)
+            text, _ = proc.communicate(timeout=100)
         except subprocess.TimeoutExpired:
             proc.kill()
             text = "timeout"

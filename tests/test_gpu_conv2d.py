@@ -192,3 +192,26 @@ def test_64_bit_offsets():
     check(y[:, :, tail, :], x[:, :, tail, :], w, tol=TOL["float16"])
     del x, y
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_fp32_on_matrix_cores(precision, layout):
+    """fp32 with precision tf32 / 3xtf32 forced onto the matrix-core kernel (fused and split-K),
+    stride 2 with 20 channels (padded copy) and a long K; tolerances of conv2d.tolerance (tf32
+    4e-3 and above 1e-5, so the rounding happened; 3xtf32 twice the fp32 allowance)."""
+    from jitops.ops.conv2d_mma import mma_schedule
+    for xs, ws, attrs in (((2, 20, 17, 15), (24, 20, 3, 3), {"padding": 1, "stride": 2}),
+                          ((2, 512, 7, 7), (40, 512, 3, 3), {"padding": 1})):
+        x, w = rand(*xs), rand(*ws, scale=(ws[1] * 9) ** -0.5, seed=1)
+        if layout == "nhwc":
+            x = x.to(memory_format=torch.channels_last)
+        ref = F.conv2d(x.double(), w.double(), **attrs)
+        for s in (mma_schedule(64, 64, 32, 2, 2, 4), mma_schedule(64, 32, 16, 2, 1, 4, split_k=3)):
+            y = jitops.conv2d(x, w, precision=precision, schedule=s, **attrs)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert not torch.isnan(y).any()
+            if precision == "tf32":
+                assert 1e-5 < err <= 4e-3, err
+            else:
+                assert err <= 4e-5, err

@@ -94,7 +94,10 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                               {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
             out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
             continue
+        tf32 = _problem((2, 12, 9, 7), (24, 12, 3, 3), dtype, bias=True, padding=1, stride=2, activation="relu",
+                        residual=True, precision="3xtf32")
         out += [
+            (tf32, _mma_variant(tf32, device)),           # fp32 on the matrix cores (3xtf32 covers tf32's code)
             (general, S.gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4))),          # channel tail check
             (general, S.direct_schedule(4, 16, 2, 4, 4, splits=2)),                   # direct, partial sums
             (resnet, S.winograd_schedule("winograd_2x2", (64, 64, 8, 4, 4))),         # guarded B rows
@@ -157,7 +160,10 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
     60 sqrt(Cin) 2^-24, at least 2e-4 (docs/conv2d.md). fp16: inputs are exact fp16 values,
     accumulation is fp32, the output is rounded once to fp16 (2^-11 of a value): 2e-3, plus the
     fp32 allowance above. bf16: the same with 8 significant bits (2^-9): 1e-2. The matrix-core
-    kernel multiplies exact 16-bit values into fp32 accumulators: the same allowances.
+    kernel multiplies exact 16-bit values into fp32 accumulators: the same allowances. fp32 on the
+    matrix cores: "tf32" rounds both operands to 11 significant bits (relative error 2^-11 each,
+    about 2^-10 per product, averaging down over K like the fp32 sum): 4e-3; "3xtf32" (big +
+    small TF32 parts, three products) twice the fp32 allowance.
     """
     eps = 2.0 ** -24
     alg = schedule.algorithm
@@ -167,6 +173,10 @@ def tolerance(problem: Conv2dProblem, schedule: Schedule) -> tuple[float, float]
         tol = max(3e-5, 8 * problem.cin ** 0.5 * eps)
     else:
         tol = max(1e-5, 4 * problem.gemm_k ** 0.5 * eps)
+    if alg == "implicit_gemm_mma" and problem.precision == "tf32":
+        tol = 4e-3     # operands rounded to 10-bit mantissas (2^-11 each): ~2^-10 per product
+    elif alg == "implicit_gemm_mma" and problem.precision == "3xtf32":
+        tol *= 2       # big + small parts keep ~21 bits of each operand: within 2x of exact fp32
     if problem.dtype == "float16":
         tol += 2e-3
     elif problem.dtype == "bfloat16":

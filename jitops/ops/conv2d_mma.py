@@ -20,12 +20,18 @@ from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Worksp
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_mma"
-DTYPES = ("float16", "bfloat16")
+DTYPES = ("float16", "bfloat16", "float32")    # fp32 only with precision "tf32" / "3xtf32"
 LAYOUT_BLOCK = 256
 # (bm, bn, bk, wm, wn, stages): the tuning space; 64x64 warp tiles first (the most math per load).
 TILES = ((128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3), (256, 128, 32, 4, 2, 3),
          (128, 64, 32, 2, 2, 4), (128, 64, 64, 2, 2, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3),
          (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 3), (128, 32, 32, 4, 1, 4), (64, 32, 32, 2, 1, 4))
+# fp32 (TF32 products): BK in floats (16 or 32 = 64 or 128 bytes of a row); 3xtf32 keeps to warp
+# tiles of at most 64 x 32 (its split operands need the registers). 128x128x32 with 2x2 warps
+# spills on sm_90 in tf32 (136 bytes, ptxas): not in the space.
+TILES_F32 = ((128, 128, 32, 2, 4, 3), (128, 128, 16, 2, 2, 4), (128, 64, 32, 2, 2, 3),
+             (64, 128, 32, 2, 2, 3), (64, 64, 32, 2, 2, 4), (64, 64, 16, 2, 2, 4), (128, 32, 32, 4, 1, 4),
+             (64, 32, 32, 2, 1, 4))
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,14 @@ class MmaCost:
     occ_floor: float = 0.785       # rate with one block per multiprocessor, of the rate with two or more
     split_s: float = 1.36e-6       # the split-K reduction launch
     split_eff: float = 0.688       # its bytes, of the copy bandwidth
+    # fp32 on the matrix cores: time per flop against the fp16 tile of the same bytes per row.
+    # Nominally 2 (TF32 runs at half the fp16 rate) and 6 (three products). On 76 problems timed
+    # on an H100 (2026-11-23: 10 benchmark problems, 66 torchvision layers) measured / estimated
+    # time fits 3.35 and 5.03 (the kernel is bound by loads and barriers more than by products);
+    # the choice against the exact kernels (modelled on an H200) loses least total time at 1.4x
+    # and 2x that: 1.05x / 1.07x the time of always picking the faster (1.08x / 1.08x at the time
+    # fit). scripts/conv2d_tf32_fit.py reproduces both fits.
+    fp32_math: dict = field(default_factory=lambda: {"tf32": 4.7, "3xtf32": 10.0})
 
 
 # Registers per thread by warp tile (ptxas, sm_90), for residency.
@@ -71,6 +85,8 @@ def why_not(p: Conv2dProblem) -> str | None:
     """Why the matrix-core kernel cannot run this problem (device aside), or None."""
     if p.dtype not in DTYPES:
         return f"matrix-core conv2d takes {', '.join(DTYPES)} (got {p.dtype})"
+    if p.dtype == "float32" and p.precision == "highest":
+        return "fp32 with precision 'highest' keeps the exact fp32 kernels (precision='tf32' or '3xtf32' allows these)"
     if p.groups > 1 and p.cin_g % 8:
         return f"grouped matrix-core conv2d needs a multiple of 8 input channels per group (got {p.cin_g})"
     return None
@@ -89,9 +105,13 @@ def needs_nhwc_copy(p: Conv2dProblem) -> bool:
     return p.layout != "nhwc" or channels(p)[0] != p.cin
 
 
-def shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
-    """Pipeline buffers (halves, rows padded by 8) or the fp32 epilogue tile, whichever is larger."""
-    return max(stages * (bm + bn) * (bk + 8) * 2, bm * (bn + 8) * 4)
+def shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int = 2) -> int:
+    """Pipeline buffers (rows padded by 16 bytes) or the fp32 epilogue tile, whichever is larger."""
+    return max(stages * (bm + bn) * (bk + 16 // itemsize) * itemsize, bm * (bn + 8) * 4)
+
+
+def tiles_for(p: Conv2dProblem) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    return TILES_F32 if p.dtype == "float32" else TILES
 
 
 def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
@@ -103,16 +123,20 @@ def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
         raise ScheduleError(f"{device.name} has no matrix cores usable from jitops templates")
     bm, bn, bk, wm, wn, stages = tile
     threads = wm * wn * device.warp_size
-    kc = bk // 8
-    if bk not in (32, 64) or stages < 2 or bm % (16 * wm) or bn % (16 * wn):
+    f32 = p.dtype == "float32"
+    kc = bk // (4 if f32 else 8)
+    if bk not in ((16, 32) if f32 else (32, 64)) or stages < 2 or bm % (16 * wm) or bn % (16 * wn):
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk} with {wm}x{wn} warps, {stages} stages is not supported")
+    if p.precision == "3xtf32" and (bm // wm) * (bn // wn) > 64 * 32:
+        raise ScheduleError(f"3xtf32 mma tile {bm}x{bn}: warp tiles above 64x32 run out of registers")
     step = threads // kc
     if threads % kc or bm % step or bn % step:
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
-    if shared_bytes(bm, bn, bk, stages) > device.shared_per_block_optin:
-        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}x{stages}: {shared_bytes(bm, bn, bk, stages)} bytes of shared "
+    smem = shared_bytes(bm, bn, bk, stages, p.itemsize)
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}x{stages}: {smem} bytes of shared "
                             f"memory exceed {device.shared_per_block_optin} on {device.name}")
     return threads
 
@@ -148,7 +172,7 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
               "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
               "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
               "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype,
-              "pointwise": p.is_pointwise}
+              "pointwise": p.is_pointwise, "precision": p.precision if p.dtype == "float32" else "none"}
     outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
     args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
             *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
@@ -157,7 +181,7 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
                                          p.dilation[1])),
             Scalar("f32", p.alpha))
     gemm = Launch.make("conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, (threads,), args,
-                       shared_bytes(bm, bn, bk, stages))
+                       shared_bytes(bm, bn, bk, stages, p.itemsize))
     scalar = "i32" if idx == "int" else "i64"
     layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
     pack = Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
@@ -198,7 +222,7 @@ def _split_options(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) 
 
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     out = []
-    for tile in TILES:
+    for tile in tiles_for(p):
         try:
             _check(p, tile, device)
         except ScheduleError:
@@ -220,8 +244,10 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         peak_sm = 2048 * 1.7e9
     else:
         peak_sm = 2048 * 1.41e9
-    rate = peak_sm * prm.tile_rate.get((bm, bn, bk, wm, wn), 0.2)
-    smem = shared_bytes(bm, bn, bk, stages)
+    math_per_flop = prm.fp32_math.get(p.precision, 1.0) if p.dtype == "float32" else 1.0
+    key_bk = bk * p.itemsize // 2
+    rate = peak_sm * prm.tile_rate.get((bm, bn, key_bk, wm, wn), 0.2) / math_per_flop
+    smem = shared_bytes(bm, bn, bk, stages, p.itemsize)
     threads = wm * wn * device.warp_size
     regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
     resident = max(1, min(device.shared_per_multiprocessor // smem, device.max_threads_per_multiprocessor // threads,

@@ -16,6 +16,7 @@ from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, 
 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
+PRECISIONS = ("highest", "tf32", "3xtf32")   # fp32 math: exact, TF32 matrix cores, 3 TF32 products
 DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
@@ -40,6 +41,7 @@ class Conv2dProblem:
     alpha: float
     has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
     layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
+    precision: str = "highest"              # fp32 only (PRECISIONS); always "highest" for 16-bit types
 
     # ---- derived sizes
     @property
@@ -102,6 +104,8 @@ class Conv2dProblem:
     def key(self) -> str:
         attrs = {"stride": list(self.stride), "pad": list(self.pad), "dilation": list(self.dilation),
                  "groups": self.groups, "activation": self.activation}
+        if self.precision != "highest":
+            attrs["precision"] = self.precision
         return problem_key(NAME, self.inputs(), attrs)
 
     def describe(self) -> str:
@@ -118,6 +122,8 @@ class Conv2dProblem:
             s += " + residual"
         if self.layout:
             s += f" {self.layout}"
+        if self.precision != "highest":
+            s += f" precision {self.precision}"
         return s + f" {self.dtype}"
 
 
@@ -213,10 +219,19 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
             or not np.isfinite(float(alpha)):
         raise ArgumentError("alpha", "a finite real number", repr(alpha), op=NAME)
 
+    precision = attrs.get("precision", None)
+    if precision is None:
+        precision = "highest"
+    if precision not in PRECISIONS:
+        raise ArgumentError("precision", f"one of {', '.join(map(repr, PRECISIONS))} (or None)", repr(precision),
+                            op=NAME)
+    if x.dtype != "float32":
+        precision = "highest"           # 16-bit inputs are exact on the matrix cores already
+
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,
                       float(alpha) if activation == "leaky_relu" else 0.0, residual is not None,
-                      getattr(x, "layout", ""))
+                      getattr(x, "layout", ""), precision)
     if p.oh < 1 or p.ow < 1:
         raise ArgumentError("x", f"a padded input of at least the dilated kernel size "
                                  f"({extent[0] + 1}x{extent[1] + 1}); output would be {p.oh}x{p.ow}",
@@ -234,7 +249,8 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
 def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
     """`jitops compile conv2d x=1x64x56x56 w=128x64x3x3 padding=1 [bias=1] [dtype=float16] ...`"""
-    known = {"x", "w", "bias", "residual", "layout", "dtype", "stride", "padding", "dilation", "groups", "activation", "alpha"}
+    known = {"x", "w", "bias", "residual", "layout", "dtype", "stride", "padding", "dilation", "groups", "activation",
+             "alpha", "precision"}
     extra = set(spec) - known
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(known))}", op=NAME)
@@ -257,6 +273,8 @@ def parse_problem(spec: Mapping[str, str]) -> Conv2dProblem:
         attrs["activation"] = None if spec["activation"] in ("none", "None") else spec["activation"]
     if "alpha" in spec:
         attrs["alpha"] = float(spec["alpha"])
+    if "precision" in spec:
+        attrs["precision"] = spec["precision"]
     p = make_problem({"x": x, "w": w, "bias": bias}, attrs)
     if residual_flag:
         p = make_problem({"x": x, "w": w, "bias": bias, "residual": p.outputs()["y"]}, attrs)

@@ -78,7 +78,9 @@ def _direct_options(p: Conv2dProblem) -> list[Schedule]:
 
 
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
-    """Every schedule the tuner may time for this problem (each one plans on this device)."""
+    """Every schedule the tuner may time for this problem (each one plans on this device). fp32
+    with precision "tf32" / "3xtf32" adds the matrix-core kernel to the exact ones: the precision
+    is a permission (as torch's allow_tf32), the cost model picks the faster."""
     out = [Schedule.make("naive", block=256)]
     out += _direct_options(p)
     gemm_alg = "gemm_1x1" if p.is_pointwise else "implicit_gemm"
