@@ -19,22 +19,26 @@ from .ops.base import Schedule
 ScheduleArg = Schedule | str | None
 IntOrPair = int | Sequence[int]
 FP32_PRECISIONS = ("highest", "tf32", "3xtf32")
-_fp32_precision = ["highest"]      # the process-wide default of conv2d's `precision` (set_fp32_precision)
 
 
 def set_fp32_precision(mode: str) -> None:
     """Default math for fp32 convolutions whose call gives no `precision` (like torch's allow_tf32):
     "highest" (exact fp32 kernels, the default), "tf32" (matrix cores on operands rounded to TF32,
     10-bit mantissa), "3xtf32" (each operand split into TF32 big + small parts, three products:
-    near-fp32 accuracy on the matrix cores). docs/conv2d.md gives each mode's measured error."""
+    near-fp32 accuracy on the matrix cores). docs/conv2d.md gives each mode's measured error.
+    A change drops the prepared plans (calls without `precision` were planned under the old mode)."""
     from .errors import ArgumentError
+    from .ops.conv2d_problem import DEFAULT_FP32_PRECISION
     if mode not in FP32_PRECISIONS:
         raise ArgumentError("mode", f"one of {', '.join(map(repr, FP32_PRECISIONS))}", repr(mode), op="set_fp32_precision")
-    _fp32_precision[0] = mode
+    if DEFAULT_FP32_PRECISION[0] != mode:
+        DEFAULT_FP32_PRECISION[0] = mode
+        engine.clear_prepared()
 
 
 def get_fp32_precision() -> str:
-    return _fp32_precision[0]
+    from .ops.conv2d_problem import DEFAULT_FP32_PRECISION
+    return DEFAULT_FP32_PRECISION[0]
 
 
 def _out(name: str, out: Any) -> dict[str, Any] | None:
@@ -75,7 +79,6 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
     precision: fp32 math, "highest" | "tf32" | "3xtf32"; None takes set_fp32_precision's mode.
     Ignored for fp16 / bf16 (exact on the matrix cores already).
     """
-    precision = _fp32_precision[0] if precision is None else precision
     if out is None and schedule is None and layout is None and (y := repeat_call(
             "conv2d", (x, w, bias, residual),
             (stride, padding, dilation, groups, activation, alpha, precision))) is not MISS:

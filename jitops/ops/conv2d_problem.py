@@ -17,6 +17,9 @@ from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
 PRECISIONS = ("highest", "tf32", "3xtf32")   # fp32 math: exact, TF32 matrix cores, 3 TF32 products
+# What precision=None means: jitops.set_fp32_precision's process-wide mode (it also drops the prepared
+# plans, which were keyed by the call's None). Resolved here, so problem keys carry the actual mode.
+DEFAULT_FP32_PRECISION = ["highest"]
 DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
@@ -221,7 +224,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
     precision = attrs.get("precision", None)
     if precision is None:
-        precision = "highest"
+        precision = DEFAULT_FP32_PRECISION[0]
     if precision not in PRECISIONS:
         raise ArgumentError("precision", f"one of {', '.join(map(repr, PRECISIONS))} (or None)", repr(precision),
                             op=NAME)
