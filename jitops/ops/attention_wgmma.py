@@ -51,7 +51,8 @@ def registers(d: int, block_k: int) -> int:
 
 def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> bool:
     threads = 128 * groups
-    return (threads <= device.max_threads_per_block and registers(d, block_k) * threads <= 65536
+    return (threads <= device.max_threads_per_block
+            and registers(d, block_k) * threads <= device.registers_per_multiprocessor
             and registers(d, block_k) <= 255
             and shared_bytes(d, groups, block_k, stages) <= device.shared_per_block_optin)
 
