@@ -63,7 +63,36 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def probe():
+    """The probe backend (launches recorded, nothing runs) with no prepared plan before or after."""
+    from jitops import engine
+    from jitops.runtime.probe_backend import ProbeBackend
+    backend = ProbeBackend()
+    engine.clear_prepared()
+    with use_backend(backend):
+        yield backend
+    backend.native.probe_set_status(0)
+    engine.clear_prepared()
+
+
 def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     got = np.asarray(got, dtype=np.float64)
     scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
     return float(np.abs(got - ref).max(initial=0.0) / scale)
+
+
+def nvrtc_ptx(source: str, *options: bytes) -> tuple[str, str]:
+    """Compile CUDA source with NVRTC (no GPU needed): (PTX, compiler log); fails the test on an error."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    _, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    rc = int(nvrtc.nvrtcCompileProgram(prog, len(options), list(options))[0])
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.decode(errors="replace")
+    assert rc == 0, text
+    _, size = nvrtc.nvrtcGetPTXSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetPTX(prog, buf)
+    return buf.decode(errors="replace"), text

@@ -23,7 +23,7 @@ from jitops.ops.base import Schedule, TensorSpec
 from jitops.runtime import use_backend
 from jitops.runtime.cpu_backend import CpuBackend
 
-from conftest import rel_error
+from conftest import nvrtc_ptx, rel_error
 
 op = get_op("attention")
 TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -383,7 +383,7 @@ def test_dtype_and_attribute_errors(emu):
 
 def test_sm80_kernel_uses_mma_sync_and_ldmatrix():
     """The matrix-core kernel's PTX (compiled offline, no GPU) has mma.sync, ldmatrix and cp.async."""
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
     from jitops import engine
     from jitops.runtime import get_backend
     backend = get_backend(target="sm_80")
@@ -391,13 +391,7 @@ def test_sm80_kernel_uses_mma_sync_and_ldmatrix():
     problem = op.make_problem({**specs, "mask": None}, {})
     launch = op.plan(problem, op.heuristic(problem, backend.device), backend.device).launches[0]
     source = engine.kernel_source(backend.device, launch)
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-    opts = [b"-arch=compute_80", b"-std=c++17", b"-default-device"]
-    assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetPTX(prog, buf)
-    ptx = buf.decode()
+    ptx, _ = nvrtc_ptx(source, b"-arch=compute_80", b"-std=c++17", b"-default-device")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "cp.async.cg.shared.global" in ptx
@@ -453,24 +447,14 @@ def test_wgmma_is_refused_where_it_cannot_run():
 def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     """Both loops of fused_wgmma compile offline (NVRTC, sm_90a) to wgmma with no local memory; the
     warpgroup-specialised PTX has the register-A form with a transposed B."""
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
     from jitops import engine
     from jitops.runtime import get_backend
     backend = get_backend(target="sm_90")
     p = _hopper_problem((1, 4, 300, 72), (1, 2, 200, 72), "bfloat16", causal=True)
     for sched in (Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3),):
         source = engine.kernel_source(backend.device, op.plan(p, sched, backend.device).launches[0])
-        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-        opts = [b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v"]
-        assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetPTX(prog, buf)
-        ptx = buf.decode()
+        ptx, text = nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
         assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
         assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in ptx     # P V: D=72 padded to 80
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        text = log.decode(errors="replace")
         assert "0 bytes spill stores" in text and "C7519" not in text, text

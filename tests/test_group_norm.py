@@ -174,17 +174,24 @@ def test_nhwc_large_offset(emu, dtype, params):
     """1e4 + N(0, 1) (fp32; bf16: 1e4 + 16 N(0, 1)) through the NHWC statistics: every state is
     relative to an element of its group, so the offset costs no precision (fp32: within 1e-6 of a
     float64 two-pass, recovered from the output)."""
+    _check_nhwc_large_offset(emu, dtype, (2, 16, 16, 16), 13, "nhwc", **params)
+
+
+def _check_nhwc_large_offset(emu, dtype, shape_nchw, seed, algorithm, **params):
+    """1e4 + N(0, 1) input (bf16: bf16_offset_data), two groups, no affine: fp32 within 1e-6 of a
+    float64 two-pass (recovered from the output), bf16 within its tolerance."""
     from jitops.ops import group_norm_nhwc
     from test_layer_norm import bf16_offset_data
-    rng = np.random.default_rng(13)
-    prob = nhwc_problem((2, 16, 16, 16), 2, dtype, gamma=False, beta=False)
+    rng = np.random.default_rng(seed)
+    prob = nhwc_problem(shape_nchw, 2, dtype, gamma=False, beta=False)
     shape = prob.inputs()["x"].storage_shape
     x = (1e4 + rng.standard_normal(shape)).astype(np.float32) if dtype == "float32" else bf16_offset_data(rng, shape)
-    sched = group_norm_nhwc.heuristic(prob, emu.device, "nhwc", **params)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, algorithm, **params)
     y = check_norm("group_norm", prob, sched, rng, ins={"x": x}, tol=4e-6 if dtype == "float32" else None)
     if dtype == "float32":
-        rows = np.moveaxis(x, 3, 1).reshape(4, -1)
-        mean, var = recovered_stats(rows, np.moveaxis(y, 3, 1).reshape(4, -1), prob.eps)
+        groups = shape_nchw[0] * 2
+        rows = np.moveaxis(x, 3, 1).reshape(groups, -1)
+        mean, var = recovered_stats(rows, np.moveaxis(y, 3, 1).reshape(groups, -1), prob.eps)
         xd = rows.astype(np.float64)
         assert np.abs(var / xd.var(axis=1) - 1).max() <= 1e-6
         assert np.abs(mean / xd.mean(axis=1) - 1).max() <= 1e-6
@@ -268,20 +275,7 @@ def test_nhwc_onchip_barrier(emu, rng, case):
 def test_nhwc_onchip_large_offset(emu, dtype):
     """1e4 + N(0, 1) through the one-launch kernel with two chunks: fp32 within 1e-6 of a float64
     two-pass (recovered from the output); bf16 within its tolerance."""
-    from jitops.ops import group_norm_nhwc
-    from test_layer_norm import bf16_offset_data
-    rng = np.random.default_rng(17)
-    prob = nhwc_problem((1, 16, 12, 12), 2, dtype, gamma=False, beta=False)
-    shape = prob.inputs()["x"].storage_shape
-    x = (1e4 + rng.standard_normal(shape)).astype(np.float32) if dtype == "float32" else bf16_offset_data(rng, shape)
-    sched = group_norm_nhwc.heuristic(prob, emu.device, "onchip", threads=64, rows=5, pixels_per_block=72)
-    y = check_norm("group_norm", prob, sched, rng, ins={"x": x}, tol=4e-6 if dtype == "float32" else None)
-    if dtype == "float32":
-        rows = np.moveaxis(x, 3, 1).reshape(2, -1)
-        mean, var = recovered_stats(rows, np.moveaxis(y, 3, 1).reshape(2, -1), prob.eps)
-        xd = rows.astype(np.float64)
-        assert np.abs(var / xd.var(axis=1) - 1).max() <= 1e-6
-        assert np.abs(mean / xd.mean(axis=1) - 1).max() <= 1e-6
+    _check_nhwc_large_offset(emu, dtype, (1, 16, 12, 12), 17, "onchip", threads=64, rows=5, pixels_per_block=72)
 
 
 def test_nhwc_onchip_without_gamma_beta_and_misaligned(emu, rng):

@@ -15,20 +15,8 @@ import jitops
 from jitops import engine
 from jitops.errors import ArgumentError, LaunchError
 from jitops.ops import get_op
-from jitops.runtime import use_backend
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture
-def probe():
-    from jitops.runtime.probe_backend import ProbeBackend
-    backend = ProbeBackend()
-    engine.clear_prepared()
-    with use_backend(backend):
-        yield backend
-    backend.native.probe_set_status(0)
-    engine.clear_prepared()
 
 
 def last_launch(backend, nargs):

@@ -22,16 +22,6 @@ OPS = ["leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_n
 native = pytest.mark.skipif(not hasattr(jitops.leaky_relu, "fallback"), reason="native module unavailable")
 
 
-@pytest.fixture
-def probe():
-    from jitops.runtime.probe_backend import ProbeBackend
-    backend = ProbeBackend()
-    engine.clear_prepared()
-    with use_backend(backend):
-        yield backend
-    engine.clear_prepared()
-
-
 def calls(backend) -> int:
     return backend.native.probe_last(0)[0]
 

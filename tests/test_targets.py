@@ -9,6 +9,8 @@ from jitops.errors import BackendUnavailable
 from jitops.ops import get_op, op_names
 from jitops.runtime import get_backend
 
+from conftest import nvrtc_ptx
+
 TARGETS = ["sm_80", "sm_90", "gfx90a", "gfx942"]
 
 
@@ -48,19 +50,13 @@ def test_variants_compile_for_emulator(op_name):
 def test_sm90_vector_loads_are_16_bytes():
     """The vectorized leaky_relu must use 128-bit global accesses (read the PTX, no GPU needed)."""
     from jitops.ops.base import Schedule, TensorSpec
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
     op = get_op("leaky_relu")
     backend = get_backend(target="sm_90")
     p = op.make_problem({"x": TensorSpec((1 << 20,), "float32")}, {"alpha": 0.1})
     launch = op.plan(p, Schedule.make("vectorized", vec=4, unroll=4, block=256, waves=0), backend.device).launches[0]
     source = engine.kernel_source(backend.device, launch)
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-    opts = [b"-arch=compute_90", b"-std=c++17", b"-default-device"]
-    assert int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) == 0
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetPTX(prog, buf)
-    ptx = buf.decode()
+    ptx, _ = nvrtc_ptx(source, b"-arch=compute_90", b"-std=c++17", b"-default-device")
     assert "ld.global.nc.v4.f32" in ptx or "ld.global.v4.f32" in ptx
     assert "st.global.v4.f32" in ptx
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from ..ops import get_op
 from .graph import GraphView
+from .matchers import Namer
 from .optypes import OP_TYPES
 
 HALF = ("float16", "bfloat16")
@@ -98,7 +99,7 @@ class Transposes:
         used = {v for n in graph.node for v in (*n.input, *n.output)}
         used |= {t.name for t in graph.initializer} | {v.name for v in (*graph.input, *graph.output)}
         used |= {c for p in problems for c in p.constants}
-        self.used = used
+        self._fresh = Namer(used=used)
         self.outputs = {o.name for o in graph.output}
         self.owner = {id(n): p for p in problems for n in p.covered}
         self.consumers: dict[str, list[Any]] = {}
@@ -108,14 +109,6 @@ class Transposes:
         self.nhwc_outputs = {p.node_output: self._fresh(p.node_output, "nhwc") for p in problems
                              if p.op_type.startswith("Conv2dNhwc")}
         self.entered: dict[str, str] = {}
-
-    def _fresh(self, base: str, suffix: str) -> str:
-        name, k = f"{base}__jitops_{suffix}", 1
-        while name in self.used:
-            k += 1
-            name = f"{base}__jitops_{suffix}{k}"
-        self.used.add(name)
-        return name
 
     def _read_as_nchw(self, value: str) -> bool:
         if value in self.outputs:

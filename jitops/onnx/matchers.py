@@ -47,10 +47,12 @@ Matcher = Callable[[GraphView, Any, bool, "Namer"], Iterator[Match]]
 class Namer:
     """Fresh value names that collide with nothing in the graph."""
 
-    def __init__(self, view: GraphView):
-        self.used = set(view.types) | set(view.initializers) | set(view.producer)
-        for node in view.graph.node:
-            self.used.update(node.input)
+    def __init__(self, view: GraphView | None = None, used: set[str] | None = None):
+        self.used = set(used or ())
+        if view is not None:
+            self.used |= set(view.types) | set(view.initializers) | set(view.producer)
+            for node in view.graph.node:
+                self.used.update(node.input)
 
     def __call__(self, base: str, suffix: str) -> str:
         name, k = f"{base}__jitops_{suffix}", 1

@@ -24,6 +24,7 @@ from . import group_norm_nhwc as nhwc
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
 from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
 from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
+from .norm_reference import norm_random_inputs
 
 NAME = "group_norm"
 INPUTS = ("x", "gamma", "beta")
@@ -190,13 +191,8 @@ def reference(problem: GroupNormProblem, inputs: Mapping[str, np.ndarray]) -> di
 
 def random_inputs(problem: GroupNormProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """x in storage order ((N, H, W, C) for "nhwc")."""
-    shape = problem.inputs()["x"].storage_shape
-    out = {"x": (rng.standard_normal(shape) * 2.0 + 0.5).astype(problem.dtype)}
-    if problem.has_gamma:
-        out["gamma"] = (1.0 + 0.5 * rng.standard_normal(problem.channels)).astype(problem.ptype)
-    if problem.has_beta:
-        out["beta"] = rng.standard_normal(problem.channels).astype(problem.ptype)
-    return out
+    return norm_random_inputs(problem.inputs()["x"].storage_shape, problem.channels, problem.dtype, problem.ptype,
+                              problem.has_gamma, problem.has_beta, rng)
 
 
 def tolerance(problem: GroupNormProblem, schedule: Schedule) -> tuple[float, float]:

@@ -27,3 +27,14 @@ def row_tolerance(dtype: str, algorithm: str, stats: str | None) -> tuple[float,
     if dtype == "float16":
         return 2e-3, 0.0
     return (2e-5 if algorithm == "naive" else 4e-6), 0.0
+
+
+def norm_random_inputs(x_shape: tuple[int, ...], param_shape: tuple[int, ...] | int, dtype: str, ptype: str,
+                       has_gamma: bool, has_beta: bool, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """x off-centre (mean 0.5, std 2: a missing mean subtraction shows), gamma around 1, beta N(0, 1)."""
+    out = {"x": (rng.standard_normal(x_shape) * 2.0 + 0.5).astype(dtype)}
+    if has_gamma:
+        out["gamma"] = (1.0 + 0.5 * rng.standard_normal(param_shape)).astype(ptype)
+    if has_beta:
+        out["beta"] = rng.standard_normal(param_shape).astype(ptype)
+    return out

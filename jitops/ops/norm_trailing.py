@@ -17,6 +17,7 @@ from ..errors import ArgumentError
 from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
 from .norm_args import check_eps, check_input, normalized_dims, param_dtype, prod, require_tensor
 from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
+from .norm_reference import norm_random_inputs
 
 
 P = TypeVar("P", bound="TrailingNormProblem")
@@ -122,12 +123,8 @@ def reference(problem: TrailingNormProblem, inputs: Mapping[str, np.ndarray]) ->
 
 
 def random_inputs(problem: TrailingNormProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = {"x": (rng.standard_normal(problem.shape) * 2.0 + 0.5).astype(problem.dtype)}
-    if problem.has_gamma:
-        out["gamma"] = (1.0 + 0.5 * rng.standard_normal(problem.normalized_shape)).astype(problem.ptype)
-    if problem.has_beta:
-        out["beta"] = rng.standard_normal(problem.normalized_shape).astype(problem.ptype)
-    return out
+    return norm_random_inputs(problem.shape, problem.normalized_shape, problem.dtype, problem.ptype,
+                              problem.has_gamma, problem.has_beta, rng)
 
 
 def tolerance(problem: TrailingNormProblem, schedule: Schedule) -> tuple[float, float]:
