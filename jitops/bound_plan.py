@@ -36,10 +36,11 @@ _torch_tensor: type | None = None
 
 
 def signature(v: Any) -> Hashable:
-    """What must match for a BoundPlan to be reused: kind, shape, dtype, device, contiguity."""
+    """What must match for a BoundPlan to be reused: kind, shape, dtype, device, memory format
+    (True: C-contiguous; "nhwc": a 4-d channels_last tensor, read as NHWC as arrays.wrap reads it)."""
     global _torch_tensor
     if _torch_tensor is not None and isinstance(v, _torch_tensor):
-        return (_torch_tensor, v.shape, v.dtype, v.device, v.is_contiguous())
+        return (_torch_tensor, v.shape, v.dtype, v.device, v.is_contiguous() or _channels_last(v))
     if v is None:
         return None
     if type(v) is np.ndarray:
@@ -47,8 +48,12 @@ def signature(v: Any) -> Hashable:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(v, torch.Tensor):
         _torch_tensor = torch.Tensor
-        return (torch.Tensor, v.shape, v.dtype, v.device, v.is_contiguous())
+        return (torch.Tensor, v.shape, v.dtype, v.device, v.is_contiguous() or _channels_last(v))
     raise NoFastPath
+
+
+def _channels_last(v: Any) -> str | bool:
+    return "nhwc" if v.dim() == 4 and v.is_contiguous(memory_format=sys.modules["torch"].channels_last) else False
 
 
 class BoundPlan:
@@ -320,10 +325,12 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable
         empty = torch.empty
 
         def alloc(spec: TensorSpec) -> Any:
+            if spec.layout == "nhwc":
+                return empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device, memory_format=torch.channels_last)
             return empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
 
         def expected(spec: TensorSpec) -> Hashable:
-            return (torch.Tensor, torch.Size(spec.shape), torch_dtype(spec.dtype), device, True)
+            return (torch.Tensor, torch.Size(spec.shape), torch_dtype(spec.dtype), device, spec.layout or True)
 
         empty_like = torch.empty_like
         if device.type == "cuda":

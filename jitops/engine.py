@@ -76,6 +76,15 @@ def run(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, Any], out:
     return result
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 MISS = object()   # what repeat_call (a Dispatch) returns when no native repeat call matches
 
 
@@ -115,8 +124,11 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
     kinds = {r.kind for r in refs.values()}
     if len(kinds) != 1 or kinds - {"torch", "numpy"}:
         return None
-    if any(r.layout for r in refs.values()) or any(s.layout for s in prepared.problem.outputs().values()):
-        return None     # memory formats other than C order: the general path allocates and checks them
+    if any(r.obj is not tensors[n] for n, r in refs.items()):
+        return None     # an input was copied (a channels_last tensor where the op reads C order)
+    layouts = {r.layout for r in refs.values()} | {s.layout for s in prepared.problem.outputs().values()}
+    if layouts - {""} and (kinds != {"torch"} or layouts - {"", "nhwc"}):
+        return None     # NHWC numpy arrays (layout=): the general path allocates and checks them
     first = next(iter(refs.values()))
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path
@@ -136,10 +148,13 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
             for n, v in tensors.items() if v is not None}
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
-    for n, r in refs.items():
+    for n, r in list(refs.items()):
         if r.layout and n not in layout_inputs:
-            raise ArgumentError(n, f"a contiguous tensor ({op_name} takes no channels_last '{n}'; call .contiguous())",
-                                "a channels_last tensor", op=op_name)
+            # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
+            # but a copy per call and no repeat path: say once how to avoid it)
+            _warn_once(f"{op_name}: '{n}' is a channels_last tensor; it is copied to a contiguous one on "
+                       f"every call (pass {n}.contiguous() once to avoid the copy)")
+            refs[n] = arrays.wrap(r.obj.contiguous(), n, op_name, "")
     host = arrays.check_placement(refs, backend, op_name)
     call_key = (op_name, id(backend), schedule,
                 tuple((n, r.shape, r.dtype, r.layout) for n, r in refs.items()), frozen_items(attrs))

@@ -98,12 +98,15 @@ def test_torch_channels_last_and_bf16_tensors():
         arrays.wrap(torch.randn(4, 6)[:, ::2], "x", "op")
 
 
-def test_ops_without_layout_inputs_refuse_nhwc():
+def test_ops_without_layout_inputs_read_channels_last_through_a_copy(caplog):
     torch = pytest.importorskip("torch")
     t = torch.randn(2, 3, 5, 7).to(memory_format=torch.channels_last)
-    # layer_norm normalizes trailing dims: it declares no LAYOUT_INPUTS (leaky_relu now does)
-    with pytest.raises(ArgumentError, match="'x'.*contiguous"):
-        engine.run("layer_norm", {"x": t}, {"normalized_shape": 7})
+    # layer_norm normalizes trailing dims: it declares no LAYOUT_INPUTS (leaky_relu now does), so
+    # a channels_last x is read through a contiguous copy (the logical values, warned about)
+    with caplog.at_level("WARNING", logger="jitops.engine"):
+        y = engine.run("layer_norm", {"x": t}, {"normalized_shape": 7})
+        y_plain = engine.run("layer_norm", {"x": t.contiguous()}, {"normalized_shape": 7})
+    assert torch.equal(y, y_plain) and y.is_contiguous()
     with pytest.raises(ArgumentError, match="'layout'"):
         engine.run("layer_norm", {"x": np.zeros((2, 4), np.float32)}, {"normalized_shape": 4, "layout": "nhwc"})
 

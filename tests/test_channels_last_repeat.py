@@ -1,0 +1,65 @@
+"""channels_last torch tensors on the repeat path, and channels_last tensors where an op reads C order.
+
+A repeat call with channels_last inputs reuses its bound plan (it used to take the general path on
+every call); the plan is keyed by the memory format, so a contiguous tensor of the same shape never
+runs a channels_last plan. Conv weights of a model moved to channels_last are read through a
+contiguous copy (correct, warned once) instead of refused.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import jitops
+from jitops.prepared import _cache
+
+torch = pytest.importorskip("torch")
+
+
+def _nhwc_bound(op: str) -> int:
+    return sum(1 for k in _cache.bound if k[0] == op and any(isinstance(e, tuple) and "nhwc" in e for e in k))
+
+
+def test_channels_last_repeat_call_reuses_its_plan_and_keeps_the_format():
+    x = torch.randn(2, 8, 5, 7).to(memory_format=torch.channels_last)
+    ref = torch.nn.functional.leaky_relu(x, 0.2)
+    first = jitops.leaky_relu(x, 0.2)
+    before = _nhwc_bound("leaky_relu")
+    assert before >= 1                                   # the first call left a bound plan for NHWC
+    x2 = (x * 3).contiguous(memory_format=torch.channels_last)
+    again = jitops.leaky_relu(x2, 0.2)
+    assert _nhwc_bound("leaky_relu") == before           # reused, not bound anew
+    for y, want in ((first, ref), (again, torch.nn.functional.leaky_relu(x2, 0.2))):
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        assert torch.equal(y, want)
+    plain = x.contiguous()                                # same shape, C order: another plan
+    y = jitops.leaky_relu(plain, 0.2)
+    assert y.is_contiguous() and torch.equal(y, ref)
+
+
+def test_channels_last_group_norm_repeat_matches_torch():
+    x = torch.randn(2, 16, 4, 6).to(memory_format=torch.channels_last)
+    g, b = torch.randn(16), torch.randn(16)
+    want = torch.nn.functional.group_norm(x, 4, g, b, eps=1e-5)
+    for _ in range(3):
+        y = jitops.group_norm(x, 4, g, b, eps=1e-5)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert float((y - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_channels_last_conv_weights_are_read_through_a_copy(caplog):
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).to(memory_format=torch.channels_last)
+    w, b = conv.weight.detach(), conv.bias.detach()
+    assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+    x = torch.randn(2, 8, 6, 5).to(memory_format=torch.channels_last)
+    with caplog.at_level(logging.WARNING, logger="jitops.engine"):
+        for _ in range(2):
+            y = jitops.conv2d(x, w, b, padding=1)
+            want = torch.nn.functional.conv2d(x, w, b, padding=1)
+            assert float((y - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    assert sum("'w' is a channels_last tensor" in r.message for r in caplog.records) <= 1
+    with torch.no_grad():
+        w.mul_(-0.5)                                      # in place: no stale copy may be reused
+    want = torch.nn.functional.conv2d(x, w, b, padding=1)
+    assert float((jitops.conv2d(x, w, b, padding=1) - want).abs().max()) <= 1e-5 * float(want.abs().max())
