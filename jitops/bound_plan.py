@@ -167,10 +167,15 @@ class BoundPlan:
             return None
         if any(w.zero for w in self.temps) or bool(self.prepare_steps) != (self.derived is not None):
             return None     # zeroed per-call scratch, or prepare steps without a cache of their results
-        tensor = sys.modules["torch"].Tensor
-        if any(v is not None and (not isinstance(v, tensor) or not v.is_contiguous()) for v in values):
+        torch = sys.modules["torch"]
+        tensor = torch.Tensor
+        formats = [None if v is None or not isinstance(v, tensor) else True if v.is_contiguous()
+                   else torch.channels_last if _channels_last(v) else False for v in values]
+        if any(v is not None and f in (None, False) for v, f in zip(values, formats)):
             return None
-        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device) for v in values)
+        # per input (type, shape, dtype, device, memory format: None = C order, else channels_last)
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device, None if f is True else f)
+                       for v, f in zip(values, formats))
         natives = [getattr(step.run, "native", None) for step, _ in self.steps]
         fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]
         if not self.steps or None in natives or None in fails:

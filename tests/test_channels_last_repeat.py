@@ -63,3 +63,18 @@ def test_channels_last_conv_weights_are_read_through_a_copy(caplog):
         w.mul_(-0.5)                                      # in place: no stale copy may be reused
     want = torch.nn.functional.conv2d(x, w, b, padding=1)
     assert float((jitops.conv2d(x, w, b, padding=1) - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_channels_last_repeat_runs_natively_and_never_for_c_order(probe):
+    """On a backend whose launches go through the native launcher (the probe records them), the
+    NHWC plan's repeat call is the C one; a C-order or otherwise strided tensor never matches it."""
+    from jitops import engine
+    if engine.dispatch_table("leaky_relu") is None:
+        pytest.skip("native module unavailable")
+    x = torch.randn(2, 6, 3, 5).to(memory_format=torch.channels_last)
+    jitops.leaky_relu(x, 0.3)                                    # binds the NHWC plan
+    y = engine.repeat_call("leaky_relu", (x,), (0.3,))          # the C repeat call
+    assert y is not engine.MISS and y.is_contiguous(memory_format=torch.channels_last) and y.shape == x.shape
+    assert engine.repeat_call("leaky_relu", (x.contiguous(),), (0.3,)) is engine.MISS   # C order: not this plan
+    odd = torch.randn(2, 6, 5, 3).transpose(2, 3)               # neither format: never a repeat call
+    assert engine.repeat_call("leaky_relu", (odd,), (0.3,)) is engine.MISS

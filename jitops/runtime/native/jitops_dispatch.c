@@ -8,7 +8,7 @@
 
 /* ---------------------------------------------------------------- call signatures
  * What a bound call was made for: per input None, or an array of the expected type with this
- * shape, dtype and device, C-contiguous. */
+ * shape, dtype and device, C-contiguous or in the memory format its entry names. */
 
 void jt_sig_release(jt_sig* sig, Py_ssize_t n) {
   Py_ssize_t i;
@@ -57,17 +57,37 @@ int jt_sig_equal(PyObject* expect, const jt_sig* sig, Py_ssize_t n) {
   return 1;
 }
 
-int jt_all_contiguous(PyObject* inputs) {
+/* 1 when every input has the memory format its `expect` entry names, 0 not, -1 error. Entry item 4
+ * (absent or None): C-contiguous; else a memory format object (torch.channels_last) the array must be
+ * contiguous in while not C-contiguous, as jitops.arrays reads it. */
+int jt_formats_match(PyObject* expect, PyObject* inputs) {
   Py_ssize_t i;
   for (i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
-    PyObject *v = PyTuple_GET_ITEM(inputs, i), *r;
-    int ok;
-    if (v == Py_None) continue;
+    PyObject *v = PyTuple_GET_ITEM(inputs, i), *e = PyTuple_GET_ITEM(expect, i), *fmt, *r;
+    int c;
+    if (v == Py_None || e == Py_None) continue;
+    fmt = PyTuple_GET_SIZE(e) > 4 ? PyTuple_GET_ITEM(e, 4) : Py_None;
     r = PyObject_CallMethodObjArgs(v, jt_s_is_contiguous, NULL);
     if (r == NULL) return -1;
-    ok = r == Py_True;
+    c = r == Py_True;
     Py_DECREF(r);
-    if (!ok) return 0;
+    if (fmt == Py_None) {
+      if (!c) return 0;
+      continue;
+    }
+    if (c) return 0;
+    {
+      PyObject *meth = PyObject_GetAttr(v, jt_s_is_contiguous), *args = PyTuple_New(0), *kw = NULL;
+      if (meth != NULL && args != NULL) kw = Py_BuildValue("{s:O}", "memory_format", fmt);
+      r = kw != NULL ? PyObject_Call(meth, args, kw) : NULL;
+      Py_XDECREF(meth);
+      Py_XDECREF(args);
+      Py_XDECREF(kw);
+    }
+    if (r == NULL) return -1;
+    c = r == Py_True;
+    Py_DECREF(r);
+    if (!c) return 0;
   }
   return 1;
 }
@@ -271,6 +291,7 @@ int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* 
     if (self->table[i].hash != hash || PyTuple_GET_ITEM(entry, 0) != backend) continue;
     m = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), attrs, Py_EQ);
     if (m == 1) m = jt_sig_equal(jt_fastcall_expect(PyTuple_GET_ITEM(entry, 2)), sig, n);
+    if (m == 1) m = jt_formats_match(jt_fastcall_expect(PyTuple_GET_ITEM(entry, 2)), inputs);
     if (m < 0) {
       jt_sig_release(sig, n);
       return -1;
@@ -283,11 +304,8 @@ int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* 
   }
   jt_sig_release(sig, n);
   if (found == NULL) return 0;
-  m = jt_all_contiguous(inputs);
-  if (m == 1) {
-    *result = jt_fastcall_run(found, inputs);
-    if (*result == NULL) m = -1;
-  }
+  *result = jt_fastcall_run(found, inputs);
+  m = *result == NULL ? -1 : 1;
   Py_DECREF(found);
   return m;
 }

@@ -101,7 +101,7 @@ typedef struct {
   PyObject* stream_fn; /* stream = stream_fn(stream_arg), or stream_fn() when stream_arg is NULL */
   PyObject* stream_arg;
   PyObject* fail;      /* fail(step, rc, stream, params): retries the launch or raises its error */
-  PyObject* expect;    /* per input: None (must be None) or (type, shape, dtype, device) of a contiguous array */
+  PyObject* expect;    /* per input: None (must be None) or (type, shape, dtype, device, memory format or None) */
   fc_step* steps;
   PyObject* derive;    /* derive(inputs, ptrs, stream) -> (remember, derived pointers), or NULL */
   Py_ssize_t n_fp, fp_index[FC_MAX_FP], n_derived;
@@ -198,7 +198,8 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
  *   steps:    [(entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage bytes, [(arg, source)])];
  *             sources count inputs, then outputs, then derived pointers, then scratch pointers
  *   fail(step, rc, stream, params address): retries that launch (returns) or raises
- *   expect:   per input None or (type, shape, dtype, device): what matches(inputs) checks
+ *   expect:   per input None or (type, shape, dtype, device, memory format or None): what
+ *             matches(inputs) checks
  *   derive(inputs, pointers so far, stream) -> (remember: bool, n_derived pointers): fills (prepare
  *             launches on that stream) or finds the derived data; fingerprint: the input indices
  *             (-1: an absent optional input) it is computed from
@@ -232,8 +233,9 @@ static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
   }
   for (i = 0; i < n_inputs; i++) {
     PyObject* e = PyTuple_GET_ITEM(expect, i);
-    if (e != Py_None && !(PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 4 && PyType_Check(PyTuple_GET_ITEM(e, 0)))) {
-      PyErr_SetString(PyExc_TypeError, "RepeatCall: expect[i] is None or (type, shape, dtype, device)");
+    if (e != Py_None && !(PyTuple_Check(e) && PyTuple_GET_SIZE(e) >= 4 && PyTuple_GET_SIZE(e) <= 5 &&
+                          PyType_Check(PyTuple_GET_ITEM(e, 0)))) {
+      PyErr_SetString(PyExc_TypeError, "RepeatCall: expect[i] is None or (type, shape, dtype, device[, memory format])");
       return -1;
     }
   }
@@ -513,7 +515,7 @@ static PyObject* fc_matches(RepeatCall* self, PyObject* inputs) {
   if (m == 1) {
     m = jt_sig_equal(self->expect, sig, n);
     jt_sig_release(sig, n);
-    if (m == 1) m = jt_all_contiguous(inputs);
+    if (m == 1) m = jt_formats_match(self->expect, inputs);
   }
   if (m < 0) return NULL;
   return PyBool_FromLong(m);

@@ -25,7 +25,7 @@ typedef struct {
 int jt_sig_read(PyObject* inputs, PyTypeObject* base, jt_sig* sig); /* 1 read, 0 not of type base, -1 error */
 int jt_sig_equal(PyObject* expect, const jt_sig* sig, Py_ssize_t n); /* 1 equal, 0 not, -1 error */
 void jt_sig_release(jt_sig* sig, Py_ssize_t n);
-int jt_all_contiguous(PyObject* inputs);                             /* 1, 0, -1 error */
+int jt_formats_match(PyObject* expect, PyObject* inputs);                                /* 1, 0, -1 error */
 /* The matching repeat call of Dispatch `d`, run: 1 (*result: the outputs), 0 none matches, -1 error. */
 int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* attrs, PyObject** result);
 /* An op's public function in C: its Dispatch first, the Python function otherwise. */
