@@ -148,8 +148,9 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
             for n, v in tensors.items() if v is not None}
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
+    as_they_are = (*layout_inputs, *getattr(op, "FORMAT_INPUTS", ()))
     for n, r in list(refs.items()):
-        if r.layout and n not in layout_inputs:
+        if r.layout and n not in as_they_are:
             # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
             # but a copy per call and no repeat path: say once how to avoid it)
             _warn_once(f"{op_name}: '{n}' is a channels_last tensor; it is copied to a contiguous one on "

@@ -7,6 +7,7 @@ This module is the op contract the engine sees (docs/adding_an_op.md).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -16,11 +17,12 @@ from . import conv2d_depthwise
 from . import conv2d_mma as mma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
-from .conv2d_plans import ALGORITHMS, plan as _plan
+from .conv2d_plans import ALGORITHMS, plan as _plan, weights_from_ohwi
 from .conv2d_problem import NAME, Conv2dProblem, make_problem, parse_problem
 
 INPUTS = ("x", "w", "bias", "residual")
 LAYOUT_INPUTS = ("x", "residual")          # channels_last / layout="nhwc"; y keeps x's format
+FORMAT_INPUTS = ("w",)                     # channels_last torch weights read as they are (layout= does not apply)
 __all__ = ["NAME", "INPUTS", "ALGORITHMS", "Conv2dProblem", "make_problem", "parse_problem", "heuristic",
            "candidates", "plan", "variants", "reference", "random_inputs", "tolerance", "applicable"]
 
@@ -43,6 +45,8 @@ def candidates(problem: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
 
 
 def plan(problem: Conv2dProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    if problem.w_layout == "nhwc":      # the plan for OIHW weights, reading an OIHW copy derived from w
+        return weights_from_ohwi(problem, _plan(replace(problem, w_layout=""), schedule, device))
     return _plan(problem, schedule, device)
 
 

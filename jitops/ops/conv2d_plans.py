@@ -310,6 +310,18 @@ def _plan_simt(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     raise ScheduleError(f"conv2d has no algorithm '{s.algorithm}' (choose from {', '.join(ALGORITHMS)})")
 
 
+def weights_from_ohwi(p: Conv2dProblem, inner: Plan) -> Plan:
+    """channels_last weights (OIHW stored O, H, W, I): transposed once into an OIHW workspace derived
+    from w (redone only when w changes), which the plan made for OIHW weights then reads."""
+    total = p.cout * p.cin_g * p.kh * p.kw
+    to_oihw = _layout_launch(p, "to_nchw", "conv2d_weights_to_oihw", (Buf("w"), Buf("w_oihw")), total,
+                             (p.cin_g, p.kh * p.kw))
+    names = {"w": "w_oihw"}
+    oihw = Workspace("w_oihw", total * p.itemsize, persistent=True, derived_from=("w",))
+    return Plan(tuple(_renamed(launch, names) for launch in inner.launches), (oihw, *inner.workspaces),
+                (to_oihw, *(_renamed(launch, names) for launch in inner.prepare)))
+
+
 def _renamed(launch: Launch, names: dict[str, str]) -> Launch:
     args = tuple(Buf(names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
     return replace(launch, args=args)

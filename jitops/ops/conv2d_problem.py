@@ -45,6 +45,7 @@ class Conv2dProblem:
     has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
     layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
     precision: str = "highest"              # fp32 only (PRECISIONS); always "highest" for 16-bit types
+    w_layout: str = ""                      # "nhwc": OIHW weights stored O, H, W, I (channels_last torch weights)
 
     # ---- derived sizes
     @property
@@ -94,7 +95,7 @@ class Conv2dProblem:
 
     def inputs(self) -> dict[str, TensorSpec]:
         out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype, self.layout),
-               "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype)}
+               "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype, self.w_layout)}
         if self.has_bias:
             out["bias"] = TensorSpec((self.cout,), self.dtype)
         if self.has_residual:
@@ -127,6 +128,8 @@ class Conv2dProblem:
             s += f" {self.layout}"
         if self.precision != "highest":
             s += f" precision {self.precision}"
+        if self.w_layout:
+            s += f" weights {self.w_layout}"
         return s + f" {self.dtype}"
 
 
@@ -234,7 +237,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,
                       float(alpha) if activation == "leaky_relu" else 0.0, residual is not None,
-                      getattr(x, "layout", ""), precision)
+                      getattr(x, "layout", ""), precision, getattr(w, "layout", ""))
     if p.oh < 1 or p.ow < 1:
         raise ArgumentError("x", f"a padded input of at least the dilated kernel size "
                                  f"({extent[0] + 1}x{extent[1] + 1}); output would be {p.oh}x{p.ow}",
