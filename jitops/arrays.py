@@ -92,9 +92,14 @@ def _declared_nhwc(ref: ArrayRef, name: str, op: str) -> ArrayRef:
     """A C-contiguous array the caller declared layout="nhwc": its own shape is (N, H, W, C)."""
     if len(ref.shape) != 4:
         raise ArgumentError(name, 'a 4-d (N, H, W, C) array with layout="nhwc"', f"shape {tuple(ref.shape)}", op=op)
-    n, h, w, c = ref.shape
-    ref.shape, ref.layout = (n, c, h, w), "nhwc"
+    ref.shape, ref.layout = logical_shape(ref.shape, "nhwc"), "nhwc"
     return ref
+
+
+def is_channels_last(t: Any) -> bool:
+    """A torch tensor jitops reads as NHWC when it is not C-contiguous: 4-d and channels_last-contiguous
+    (what wrap classifies, and what the repeat paths' signatures check)."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=sys.modules["torch"].channels_last)
 
 
 def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
@@ -121,7 +126,7 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
             raise ArgumentError(name, "a float32, float16 or bfloat16 tensor", f"torch dtype {obj.dtype}", op=op)
         layout = ""
         if not obj.is_contiguous():
-            if obj.dim() == 4 and obj.is_contiguous(memory_format=sys.modules["torch"].channels_last):
+            if is_channels_last(obj):
                 layout = "nhwc"
             else:
                 raise ArgumentError(name, "a contiguous or channels_last tensor (call .contiguous())",
@@ -194,6 +199,14 @@ def storage_shape(shape: tuple, layout: str) -> tuple:
         n, c, h, w = shape
         return (n, h, w, c)
     return tuple(shape)
+
+
+def logical_shape(storage: tuple, layout: str) -> tuple:
+    """The inverse of storage_shape: (N, C, H, W) for an (N, H, W, C) array stored "nhwc"."""
+    if layout == "nhwc":
+        n, h, w, c = storage
+        return (n, c, h, w)
+    return tuple(storage)
 
 
 def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any, layout: str = "") -> tuple[Any, int]:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
+from .arrays import is_channels_last
 from .ops.base import TensorSpec
 from .prepared import StreamScratch, bind_and_launch
 from .runtime.fastlaunch import memory_released
@@ -53,7 +54,7 @@ def signature(v: Any) -> Hashable:
 
 
 def _channels_last(v: Any) -> str | bool:
-    return "nhwc" if v.dim() == 4 and v.is_contiguous(memory_format=sys.modules["torch"].channels_last) else False
+    return "nhwc" if is_channels_last(v) else False
 
 
 class BoundPlan:
@@ -169,12 +170,13 @@ class BoundPlan:
             return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         torch = sys.modules["torch"]
         tensor = torch.Tensor
-        formats = [None if v is None or not isinstance(v, tensor) else True if v.is_contiguous()
-                   else torch.channels_last if _channels_last(v) else False for v in values]
-        if any(v is not None and f in (None, False) for v, f in zip(values, formats)):
+        # the memory format part of each input's signature: True (C order), "nhwc" or False (neither)
+        formats = [None if v is None else signature(v)[-1] if isinstance(v, tensor) else False for v in values]
+        if False in formats:
             return None
         # per input (type, shape, dtype, device, memory format: None = C order, else channels_last)
-        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device, None if f is True else f)
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device,
+                                               None if f is True else torch.channels_last)
                        for v, f in zip(values, formats))
         natives = [getattr(step.run, "native", None) for step, _ in self.steps]
         fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]

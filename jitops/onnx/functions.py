@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .layout import TO_NCHW, TO_NHWC
 from .optypes import DOMAIN, OP_TYPES, OpType
 
 _ATTR_TYPES = {"int": 2, "float": 1, "string": 3, "ints": 7, "floats": 6}   # AttributeProto.AttributeType
@@ -43,7 +44,7 @@ def _activation(t: OpType, x: str, y: str) -> list[Any]:
 def _conv(t: OpType, opset: int) -> list[Any]:
     refs = (_ref("strides", "ints"), _ref("pads", "ints"), _ref("dilations", "ints"), _ref("group", "int"))
     nhwc = t.fixed.get("layout") == "nhwc"      # X, R and Y stored N, H, W, C: transpose around the body
-    nodes = [_node("Transpose", [v], [v + "nchw"], perm=[0, 3, 1, 2]) for v in ("X", "R")
+    nodes = [_node("Transpose", [v], [v + "nchw"], perm=TO_NCHW) for v in ("X", "R")
              if nhwc and (v == "X" or "residual" in t.inputs)]
     x, r = ("Xnchw", "Rnchw") if nhwc else ("X", "R")
     nodes.append(_node("Conv", [x, "W", "B"], ["conv"], refs))
@@ -51,7 +52,7 @@ def _conv(t: OpType, opset: int) -> list[Any]:
         nodes.append(_node("Add", ["conv", r], ["sum"]))
     nodes += _activation(t, "sum" if "residual" in t.inputs else "conv", "Ynchw" if nhwc else "Y")
     if nhwc:
-        nodes.append(_node("Transpose", ["Ynchw"], ["Y"], perm=[0, 2, 3, 1]))
+        nodes.append(_node("Transpose", ["Ynchw"], ["Y"], perm=TO_NHWC))
     return nodes
 
 

@@ -86,15 +86,11 @@ class GraphView:
         for name, t in self.initializers.items():
             self.types.setdefault(name, (tuple(int(d) for d in t.dims), onnx_dtype(t.data_type)))
         self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = {}
+        self.consumers = consumers_of(model.graph)
         for node in model.graph.node:
             for o in node.output:
                 if o:
                     self.producer[o] = node
-            # A value read inside an If/Loop/Scan body is read by that node: never fuse it away.
-            for i in {*node.input, *outer_scope_reads(node)}:
-                if i:
-                    self.consumers.setdefault(i, []).append(node)
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
                 value = _constant_value(node, numpy_helper)
                 if value is not None:
@@ -280,6 +276,17 @@ def _reshape_dims(src: Shape | None, target: np.ndarray | None, allowzero: int) 
     if any(d is not None and d < 0 for d in out):
         return None
     return tuple(out)
+
+
+def consumers_of(graph: Any) -> dict[str, list[Any]]:
+    """Value name -> the nodes that read it. A value read inside an If/Loop/Scan body is read by
+    that node: never fuse it away, never rename it."""
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for i in {*node.input, *outer_scope_reads(node)}:
+            if i:
+                consumers.setdefault(i, []).append(node)
+    return consumers
 
 
 def outer_scope_reads(node: Any) -> set[str]:

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import engine
+from ..arrays import logical_shape
 from ..errors import JitopsError
 from ..ops import get_op
 from ..ops.base import TensorSpec
@@ -79,7 +80,7 @@ class Kernel:
             elif n in nhwc:
                 if len(s) != 4:
                     raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D (N, H, W, C), got {list(s)}")
-                out[n] = TensorSpec((s[0], s[3], s[1], s[2]), dtypes[n], layout)
+                out[n] = TensorSpec(logical_shape(s, layout), dtypes[n], layout)
             else:
                 out[n] = TensorSpec(s, dtypes[n])
         return out

@@ -14,14 +14,15 @@ rewrite inserts around them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..ops import get_op
-from .graph import GraphView
+from .graph import GraphView, consumers_of
 from .matchers import Namer
 from .optypes import OP_TYPES
 
 HALF = ("float16", "bfloat16")
+NHWC_TYPES = frozenset(name for name, t in OP_TYPES.items() if t.fixed.get("layout") == "nhwc")
 NHWC_INPUTS = {"x": 0, "residual": 3}          # conv node input positions that may hold NHWC data
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 
@@ -33,8 +34,8 @@ def nhwc_type(op_type: str) -> str:
 
 def _candidate(p: Any) -> bool:
     x = p.inputs.get("x")
-    return (p.supported and p.op == "conv2d" and not p.op_type.startswith("Conv2dNhwc") and x is not None
-            and x.dtype in HALF and len(x.shape) == 4 and nhwc_type(p.op_type) in OP_TYPES)
+    return (p.supported and p.op == "conv2d" and p.op_type not in NHWC_TYPES and x is not None
+            and x.dtype in HALF and len(x.shape) == 4 and nhwc_type(p.op_type) in NHWC_TYPES)
 
 
 def _nhwc_reads(p: Any) -> list[str]:
@@ -66,19 +67,22 @@ def plan_nhwc(view: GraphView, problems: list[Any]) -> list[Any]:
         ids = {id(p) for p in members}
         entries = {v for p in members for v in _nhwc_reads(p)
                    if v not in by_output or id(by_output[v]) not in ids}
-        exits = [p for p in members if _read_as_nchw(view, p.node_output, owner, ids)]
+        exits = [p for p in members if _read_as_nchw(p.node_output, view.outputs, view.consumers, owner,
+                                                     lambda q: id(q) in ids)]
         if len(entries) + len(exits) < len(members):
             switched |= ids
     return [_switch(p) if id(p) in switched else p for p in problems]
 
 
-def _read_as_nchw(view: GraphView, value: str, owner: dict[int, Any], region: set[int]) -> bool:
-    """Whether anything outside the region's NHWC inputs reads `value` (or it is a graph output)."""
-    if value in view.outputs:
+def _read_as_nchw(value: str, outputs: set[str], consumers: dict[str, list[Any]], owner: dict[int, Any],
+                  in_region: Callable[[Any], bool]) -> bool:
+    """Whether anything but an NHWC input of a group in the region reads `value` (a graph output,
+    another node, a subgraph): then the value is needed in NCHW too."""
+    if value in outputs:
         return True
-    for node in view.consumers.get(value, []):
+    for node in consumers.get(value, []):
         q = owner.get(id(node))
-        if q is None or id(q) not in region or value not in _nhwc_reads(q):
+        if q is None or not in_region(q) or value not in _nhwc_reads(q):
             return True
     return False
 
@@ -102,22 +106,10 @@ class Transposes:
         self._fresh = Namer(used=used)
         self.outputs = {o.name for o in graph.output}
         self.owner = {id(n): p for p in problems for n in p.covered}
-        self.consumers: dict[str, list[Any]] = {}
-        for n in graph.node:
-            for v in n.input:
-                self.consumers.setdefault(v, []).append(n)
+        self.consumers = consumers_of(graph)
         self.nhwc_outputs = {p.node_output: self._fresh(p.node_output, "nhwc") for p in problems
-                             if p.op_type.startswith("Conv2dNhwc")}
+                             if p.op_type in NHWC_TYPES}
         self.entered: dict[str, str] = {}
-
-    def _read_as_nchw(self, value: str) -> bool:
-        if value in self.outputs:
-            return True
-        for node in self.consumers.get(value, []):
-            q = self.owner.get(id(node))
-            if q is None or not q.op_type.startswith("Conv2dNhwc") or value not in _nhwc_reads(q):
-                return True
-        return False
 
     def around(self, p: Any) -> tuple[list[str], str, list[Any], list[Any]]:
         """For an NHWC group: its node inputs (NHWC reads redirected), its output name, the
@@ -138,5 +130,6 @@ class Transposes:
             inputs[i] = self.entered[v]
         out = self.nhwc_outputs[p.node_output]
         after = [helper.make_node("Transpose", [out], [p.node_output], perm=TO_NCHW,
-                                  name=f"jitops/to_nchw/{p.node_output}")] if self._read_as_nchw(p.node_output) else []
+                                  name=f"jitops/to_nchw/{p.node_output}")] if _read_as_nchw(
+            p.node_output, self.outputs, self.consumers, self.owner, lambda q: q.op_type in NHWC_TYPES) else []
         return inputs, out, before, after

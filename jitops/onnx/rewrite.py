@@ -13,11 +13,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._version import __version__
 from .functions import function_for
 from .graph import default_opset, load_model
-from .layout import Transposes
+from .layout import NHWC_TYPES, Transposes
 from .nodes import NodeProblem, supported_nodes
 from .optypes import DOMAIN, DOMAIN_VERSION, OP_TYPES
-
-NHWC_TYPES = {name for name, t in OP_TYPES.items() if t.fixed.get("layout") == "nhwc"}
 
 log = logging.getLogger("jitops.onnx")
 
