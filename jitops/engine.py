@@ -126,9 +126,10 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
         return None
     if any(r.obj is not tensors[n] for n, r in refs.items()):
         return None     # an input was copied (a channels_last tensor where the op reads C order)
-    layouts = {r.layout for r in refs.values()} | {s.layout for s in prepared.problem.outputs().values()}
-    if layouts - {""} and (kinds != {"torch"} or layouts - {"", "nhwc"}):
-        return None     # NHWC numpy arrays (layout=): the general path allocates and checks them
+    if any(r.layout and (r.kind != "torch" or r.obj.is_contiguous()) for r in refs.values()):
+        return None     # NHWC declared with layout= (arrays whose own shape is N, H, W, C): the general path
+    if any(s.layout not in ("", "nhwc") for s in prepared.problem.outputs().values()):
+        return None
     first = next(iter(refs.values()))
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path

@@ -85,3 +85,13 @@ def test_channels_last_repeat_runs_natively_and_never_for_c_order(probe):
     assert engine.repeat_call("leaky_relu", (x.contiguous(),), (0.3,)) is engine.MISS   # C order: not this plan
     odd = torch.randn(2, 6, 5, 3).transpose(2, 3)               # neither format: never a repeat call
     assert engine.repeat_call("leaky_relu", (odd,), (0.3,)) is engine.MISS
+
+
+def test_declared_nhwc_torch_arrays_give_the_same_result_on_every_call():
+    """A contiguous torch array declared layout="nhwc" (its own shape N, H, W, C) takes the general
+    path each time: a repeat path allocating 'like' the input would change the result's shape."""
+    x = torch.randn(2, 5, 7, 8)                        # N, H, W, C
+    first = jitops.leaky_relu(x, 0.1, layout="nhwc")
+    second = jitops.leaky_relu(x, 0.1, layout="nhwc")
+    assert first.shape == second.shape and first.stride() == second.stride()
+    assert torch.equal(first, second)

@@ -102,3 +102,20 @@ def test_residual_add_is_fused_only_without_broadcasting():
     add = next(n for n in m.graph.node if n.op_type == "Add")
     add.input[1] = "chan"
     assert _jitops_types(jo.rewrite(m)) == ["Conv2dRelu", "Conv2dRelu", "Conv2d"]
+
+
+def test_torch_graph_runs_the_nhwc_nodes_as_ort_does():
+    """examples/onnx_torch.py's TorchGraph (jitops nodes on torch tensors) holds an NHWC node's
+    value in storage order (N, H, W, C), so the Transpose out of the region gives NCHW again."""
+    import sys
+    from pathlib import Path
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from onnx_torch import TorchGraph
+    rw = jo.rewrite(chain_model())
+    assert "Conv2dNhwcAddRelu" in _jitops_types(rw)
+    x = np.random.default_rng(2).standard_normal((2, 8, 6, 6)).astype(np.float16)
+    y = TorchGraph(rw, device="cpu")({"x": torch.from_numpy(x)})[0]
+    want = jo.session(rw, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert tuple(y.shape) == want.shape == (2, 8, 6, 6)
+    assert np.array_equal(y.numpy(), want)
