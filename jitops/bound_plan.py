@@ -20,7 +20,7 @@ import numpy as np
 
 from .arrays import is_channels_last
 from .ops.base import TensorSpec
-from .prepared import StreamScratch, bind_and_launch
+from .prepared import StreamScratch, bind_and_launch, persistent_workspace
 from .runtime.fastlaunch import memory_released
 
 
@@ -93,7 +93,9 @@ class BoundPlan:
         self.prepare_steps = [(s, slots(s)) for s in prepared.prepare_steps]
         self.temps = [w for w in plan.workspaces if not w.persistent]
         self.scratch_table = _framework_scratch(self.temps, self.alloc, self.pointer)
-        self.persistent = prepared.persistent
+        # persistent workspaces (grid-barrier counters, partials) are kept per stream: prepared.persistent_workspace
+        self.kept = [w for w in plan.workspaces if w.persistent and not w.derived_from]
+        self.prepared = prepared
         self.derived = prepared.derived
         derived_inputs = self.derived.inputs if self.derived is not None else []
         # Positions of the derived-from inputs, in the cache's order; None: an absent optional input.
@@ -113,7 +115,7 @@ class BoundPlan:
         Only for plans without per-call workspaces or prepare steps on a GPU backend; a few
         microseconds matter when the kernel itself takes one or two.
         """
-        if self.temps or self.prepare_steps or self.derived is not None or self.set_sizes:
+        if self.temps or self.kept or self.prepare_steps or self.derived is not None or self.set_sizes:
             return None
         ns: dict[str, Any] = {"signature": signature, "NoFastPath": NoFastPath, "lock": self.lock,
                               "stream_of": self.stream, "alloc": self.alloc, "alloc_like": self.alloc_like}
@@ -139,8 +141,7 @@ class BoundPlan:
             ns[f"packed{n}"] = step.packed
             for index, where, _ in slots:
                 ns[f"v{n}_{index}"] = step.packed.values[index]
-                value = f"p{where}" if isinstance(where, int) else repr(int(self.persistent[where]))
-                lines.append(f"        v{n}_{index}.value = {value}")
+                lines.append(f"        v{n}_{index}.value = p{where}")
             native = getattr(step.run, "native", None)
             if native is not None:
                 run, entry, handle, gx, gy, gz, bx, by, bz, shared = native
@@ -190,7 +191,9 @@ class BoundPlan:
         for name, spec, _, like in self.outputs:
             outputs.append((self.alloc_like, like) if like is not None else (_partial(self.alloc, spec), -1))
         derived_names = [w.name for w in self.derived.workspaces] if self.derived is not None else []
-        scratch_names = [w.name for w in self.temps]
+        scratch_names = [w.name for w in self.temps] + [w.name for w in self.kept]
+        if len(scratch_names) > 8 or len(derived_names) > 8:
+            return None     # RepeatCall remembers at most 8 of each (FC_MAX_WS)
         n_io = self.input_count + len(outputs)
         source = {n: n_io + k for k, n in enumerate(derived_names)}
         source.update({n: n_io + len(derived_names) + k for k, n in enumerate(scratch_names)})
@@ -204,10 +207,8 @@ class BoundPlan:
             for index, where, _ in slots:
                 if isinstance(where, int):
                     pointer_slots.append((index, where))
-                elif where in source:
+                else:
                     pointer_slots.append((index, source[where]))
-                else:   # a persistent workspace: a constant of this plan
-                    storage[8 * index:8 * index + 8] = int(self.persistent[where]).to_bytes(8, "little")
             steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, bytes(storage), pointer_slots))
 
         def fail(index: int, rc: int, stream: int, params: int) -> None:
@@ -251,7 +252,7 @@ class BoundPlan:
             with bound.lock:
                 wptrs, fresh = bound.derived.get(ids, stream, sources)
                 if fresh:
-                    work = dict(bound.persistent)
+                    work = bound.kept_for(stream)
                     work.update(wptrs)
                     if scratch_names:
                         work.update(bound.scratch(stream))
@@ -260,8 +261,15 @@ class BoundPlan:
         return derive
 
     def scratch(self, stream: int) -> dict[str, int]:
-        """Per-call workspaces for launches on `stream` (the caller holds the lock)."""
-        return self.scratch_table.get(stream)
+        """Per-call and persistent workspaces for launches on `stream` (the caller holds the lock)."""
+        found = self.kept_for(stream)
+        if self.temps:
+            found.update(self.scratch_table.get(stream))
+        return found
+
+    def kept_for(self, stream: int) -> dict[str, int]:
+        """The persistent workspaces of this stream (allocated and zeroed on its first call)."""
+        return {w.name: persistent_workspace(self.prepared, w, self.backend, stream) for w in self.kept}
 
     def call(self, inputs: Sequence[Any], out: dict | None) -> Any:
         """The general repeat call (loops over steps, workspaces and prepare steps)."""
@@ -277,12 +285,12 @@ class BoundPlan:
             outs.append(obj)
             ptrs.append(pointer(obj))
         stream = self.stream()
-        if not self.temps and not self.prepare_steps and not self.persistent:
+        if not self.temps and not self.prepare_steps and not self.kept:
             with self.lock:
                 self._launch(self.steps, ptrs, None, stream)
             return outs[0] if len(outs) == 1 else tuple(outs)
         with self.lock:
-            work = dict(self.persistent)
+            work = self.kept_for(stream)
             if self.temps:      # the same per-stream scratch as the native path's
                 work.update(self.scratch_table.get(stream))
                 for w in self.temps:

@@ -6,8 +6,9 @@ item size, and whether it is a workspace), worked out here once. Every way of ru
 writes pointers through `bind` / `bind_and_launch` (the public call path in engine.py, the
 raw-pointer runners of pointer_runner.py, the tuner) or is built from the slot table (the repeat
 paths of bound_plan.py: generated Python and the C RepeatCall); per-call workspaces kept per
-stream come from one `StreamScratch`, persistent ones from `persistent_workspace`, derived ones
-through `prepare_for`.
+stream come from one `StreamScratch`, persistent ones (kept per stream too: self-resetting
+grid-barrier counters and partials must not be shared by launches running at once on two
+streams) from `persistent_workspace`, derived ones through `prepare_for`.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class Prepared:
     prepare_steps: list[Step]
     itemsizes: dict[str, int]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    persistent: dict[str, int] = field(default_factory=dict)       # workspace name -> pointer
+    persistent: dict[tuple[int, str], int] = field(default_factory=dict)  # (stream, workspace) -> pointer
     derived: DerivedCache | None = None   # workspaces computed from inputs, per input identity
     backend: Any = None                   # owner of the persistent and derived memory
     stream_scratch: "StreamScratch | None" = None   # run_pointers' per-call workspaces, per stream
@@ -235,13 +236,18 @@ class StreamScratch:
 
 
 def persistent_workspace(p: Prepared, ws: Any, backend: Backend, stream: int) -> int:
-    """A workspace kept across calls (self-resetting counters): allocated, and zeroed, once."""
-    ptr = p.persistent.get(ws.name)
+    """A workspace kept across calls on `stream` (self-resetting counters, partials), allocated and
+    zeroed once per stream: launches on one stream run in order, launches on two streams may run
+    at once and must not meet at one grid barrier. The memory lives until clear_prepared (a stream
+    handle may be reused by a later stream; that one then takes over the same, idle, copy)."""
+    key = (stream, ws.name)
+    ptr = p.persistent.get(key)
     if ptr is None:
         ptr = backend.alloc(ws.nbytes)
         if ws.zero:
             backend.memset(ptr, 0, ws.nbytes, stream)
-        p.persistent[ws.name] = ptr
+        p.persistent[key] = ptr
+        p.backend = p.backend or backend
     return ptr
 
 

@@ -262,3 +262,28 @@ def test_released_bound_calls_are_freed(probe):
     engine.clear_prepared()
     gc.collect()
     assert bound() is None
+
+
+def test_persistent_workspaces_are_per_stream_on_the_repeat_path(probe, monkeypatch):
+    """A plan's persistent workspaces (here layer_norm's split path: grid-barrier counters, partials,
+    statistics) are allocated once per stream: the C repeat call asks for them on a stream's first
+    call and launches with that stream's copy from then on."""
+    from jitops import bound_plan
+    from jitops.ops import layer_norm as ln
+    stream = [7]
+    monkeypatch.setattr(bound_plan, "_no_stream", lambda: stream[0])
+    real = ln.heuristic
+    monkeypatch.setattr(ln, "heuristic", lambda problem, device, algorithm=None: real(problem, device, "split"))
+    x = torch.randn(4, 512)
+    jitops.layer_norm(x, 512)                        # the general path binds the repeat call
+    prepared = next(b for k, b in engine._cache.bound.items() if b and k[1] is probe).prepared
+    seen, nargs = {}, len(prepared.steps[-1].packed.values)
+    for s in (7, 9, 7, 9):
+        stream[0] = s
+        jitops.layer_norm(x, 512)
+        _, _, _, values = last_launch(probe, nargs)
+        kept = {name: ptr for (st, name), ptr in prepared.persistent.items() if st == s}
+        assert set(kept) == {"counters", "partials", "stats"}
+        assert kept["stats"] in values, "the launch reads this stream's statistics"
+        assert seen.setdefault(s, kept) == kept, "a stream keeps its copy"
+    assert not set(seen[7].values()) & set(seen[9].values())

@@ -155,3 +155,26 @@ def test_gpu_provider_keeps_data_derived_from_initializers(rng, monkeypatch, con
     finally:
         kernels._kernels.pop(-8, None)
         engine.clear_prepared()
+
+
+def test_persistent_workspaces_are_kept_per_stream(rng):
+    """Grid-reduction counters and partials (layer_norm's split path) are persistent: allocated and
+    zeroed once, then reused, but once per stream: two streams running the same plan at once must
+    not meet at one grid barrier or mix their partial sums."""
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    attrs = {"normalized_shape": (512,), "eps": 1e-5}
+    expected = engine.run("layer_norm", {"x": x, "gamma": None, "beta": None}, attrs, schedule="split")
+    engine.clear_prepared()
+    spec = {"x": (x.ctypes.data, TensorSpec(x.shape, "float32")), "gamma": None, "beta": None}
+    for stream in (1, 2, 1, 2):
+        out = np.full_like(x, np.nan)
+        engine.run_pointers("layer_norm", spec, attrs, {"y": out.ctypes.data}, stream=stream, schedule="split")
+        np.testing.assert_array_equal(out, expected)
+    prepared = [p for k, p in engine._cache.by_call.items() if k[0] == "pointers"]
+    assert len(prepared) == 1
+    kept = prepared[0].persistent
+    assert sorted({stream for stream, _ in kept}) == [1, 2], kept
+    assert {name for _, name in kept} == {"counters", "partials", "stats"}
+    assert len(set(kept.values())) == len(kept), "each stream has its own copy"
+    engine.clear_prepared()
+    assert not prepared[0].persistent

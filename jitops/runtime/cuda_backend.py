@@ -30,6 +30,7 @@ ARCH_SPECIFIC_MARK = "#define JT_REQUIRES_SM90A"   # in a source: compile for sm
 log = logging.getLogger("jitops.cuda")
 
 _DEFAULT_SMEM = 48 * 1024
+_CAPTURE_MODE_RELAXED = 2   # CU_STREAM_CAPTURE_MODE_RELAXED
 
 
 def _nvrtc() -> Any:
@@ -272,7 +273,14 @@ class CudaBackend(Backend):
         self.require_device("allocate device memory")
         self._ensure_context()
         ptr = ctypes.c_uint64()
-        drv.call("cuMemAlloc_v2", ctypes.byref(ptr), max(int(nbytes), 1))
+        # Relaxed capture mode for the allocation (as torch's allocator does): a workspace first
+        # needed inside a CUDA-graph capture (a stream's persistent counters) must not end it.
+        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+        drv.call("cuThreadExchangeStreamCaptureMode", ctypes.byref(mode))
+        try:
+            drv.call("cuMemAlloc_v2", ctypes.byref(ptr), max(int(nbytes), 1))
+        finally:
+            drv.call("cuThreadExchangeStreamCaptureMode", ctypes.byref(mode))
         return ptr.value
 
     def free(self, ptr: int) -> None:
