@@ -59,6 +59,20 @@ def isolated(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def gpu_backend():
+    """The GPU backend (CUDA, or HIP on a ROCm torch), not the emulator the test session defaults
+    to; GPU test modules use it with `pytest.mark.usefixtures("gpu_backend")`."""
+    import jitops
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
+    with jitops.use_backend(be):
+        yield be
+    jitops.engine.clear_prepared()
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

@@ -9,18 +9,10 @@ import pytest
 
 import jitops
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
-    jitops.engine.clear_prepared()
 
 
 def _group_norm_case(seed: int):
