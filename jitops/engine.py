@@ -22,7 +22,7 @@ from .bound_plan import BoundPlan, NoFastPath, signature, torch_identity
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
 from .pointer_runner import pointer_runner, run_pointers  # noqa: F401  (part of the engine's API)
-from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, bind,  # noqa: F401
+from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, backend_scratch, bind,  # noqa: F401
                        bind_and_launch, clear_prepared, compile_problem, generation, kernel_source,
                        persistent_workspace, prepare, prepare_for, select_schedule)
 from .runtime import current_backend
@@ -229,10 +229,10 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
                 ptrs[name] = dptr
             else:
                 ptrs[name] = ref.ptr
-        for ws in p.plan.workspaces:
-            if not ws.derived_from:
-                ptrs[ws.name] = _workspace(p, ws, backend, primary, staged, results, stream)
-        with p.lock:
+        with p.lock:     # workspaces too: a per-stream one is zeroed and used by one call at a time
+            for ws in p.plan.workspaces:
+                if not ws.derived_from:
+                    ptrs[ws.name] = _workspace(p, ws, backend, primary, results, stream)
             _run_prepare_steps(p, refs, ptrs, backend, stream)
             for step in p.steps:
                 bind_and_launch(step, ptrs, stream)
@@ -248,16 +248,23 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, staged: list[int],
-               keep: dict, stream: int) -> int:
+def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, keep: dict,
+               stream: int) -> int:
+    """A workspace of this call (the caller holds the plan's lock). Per-call ones come from the
+    framework's allocator for torch tensors (inside a CUDA-graph capture: the graph's pool), else
+    from the plan's per-stream scratch: allocated once per stream, never freed per call (a device
+    free would synchronize the device on every call)."""
     if ws.persistent:
         return persistent_workspace(p, ws, backend, stream)
     if primary.kind == "torch" and not primary.host:
         obj, ptr = arrays.allocate_like(primary, (ws.nbytes,), "uint8", backend)
         keep[f"__ws_{ws.name}"] = obj
     else:
-        ptr = backend.alloc(ws.nbytes)
-        staged.append(ptr)
+        if p.stream_scratch is None:
+            p.stream_scratch = backend_scratch(
+                [w for w in p.plan.workspaces if not w.persistent and not w.derived_from], backend)
+            p.backend = p.backend or backend
+        ptr = p.stream_scratch.get(stream)[ws.name]
     if ws.zero:
         backend.memset(ptr, 0, ws.nbytes, stream)
     return ptr

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
-from .prepared import (Prepared, StreamScratch, _cache, bind_and_launch, persistent_workspace, prepare,
+from .prepared import (Prepared, _cache, backend_scratch, bind_and_launch, persistent_workspace, prepare,
                        prepare_for)
 from .runtime import current_backend
 from .runtime.base import Backend
@@ -63,7 +63,7 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
     persistent = [ws for ws in p.plan.workspaces if ws.persistent]
     scratch_ws = [ws for ws in p.plan.workspaces if not ws.persistent and not ws.derived_from]
     if scratch_ws and p.stream_scratch is None:
-        p.stream_scratch = _backend_scratch(scratch_ws, backend)
+        p.stream_scratch = backend_scratch(scratch_ws, backend)
         p.backend = p.backend or backend
 
     def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None) -> None:
@@ -83,16 +83,3 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
 
     run.derived_inputs = tuple(p.derived.inputs) if p.derived is not None and p.prepare_steps else ()  # type: ignore[attr-defined]
     return run
-
-
-def _backend_scratch(workspaces: list[Any], backend: Backend) -> StreamScratch:
-    """Per-call workspaces per stream from the backend's allocator. Each stream's copy is allocated
-    once (no allocation, synchronize and free per call: each of those stalled ONNX Runtime's
-    stream); one dropped (the least recently used beyond a few, or clear_prepared) is freed after
-    a device-wide synchronize, since its stream may be gone by then."""
-    def release(made: list[tuple[int, Any]]) -> None:
-        backend.synchronize()
-        for ptr, _ in made:
-            backend.free(ptr)
-
-    return StreamScratch(workspaces, lambda ws: (backend.alloc(ws.nbytes), None), release)

@@ -235,6 +235,20 @@ class StreamScratch:
         return self._by_stream[stream][0]
 
 
+def backend_scratch(workspaces: list[Any], backend: Backend) -> StreamScratch:
+    """Per-call workspaces per stream from the backend's allocator (raw-pointer runners, and the
+    public call path for arrays other than torch tensors). Each stream's copy is allocated once (no
+    allocation, synchronize and free per call: each of those stalled ONNX Runtime's stream); one
+    dropped (the least recently used beyond a few, or clear_prepared) is freed after a device-wide
+    synchronize, since its stream may be gone by then."""
+    def release(made: list[tuple[int, Any]]) -> None:
+        backend.synchronize()
+        for ptr, _ in made:
+            backend.free(ptr)
+
+    return StreamScratch(workspaces, lambda ws: (backend.alloc(ws.nbytes), None), release)
+
+
 def persistent_workspace(p: Prepared, ws: Any, backend: Backend, stream: int) -> int:
     """A workspace kept across calls on `stream` (self-resetting counters, partials), allocated and
     zeroed once per stream: launches on one stream run in order, launches on two streams may run

@@ -178,3 +178,26 @@ def test_persistent_workspaces_are_kept_per_stream(rng):
     assert len(set(kept.values())) == len(kept), "each stream has its own copy"
     engine.clear_prepared()
     assert not prepared[0].persistent
+
+
+def test_public_path_keeps_per_call_workspaces_for_non_torch_arrays(rng, monkeypatch):
+    """numpy / CuPy arrays on the public path: a plan's per-call workspaces (Winograd tiles) come
+    from the plan's per-stream scratch, allocated once, not allocated and freed per call (a device
+    free synchronizes the whole device)."""
+    from jitops.runtime import current_backend
+    backend = current_backend()
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    attrs = {"padding": (1, 1, 1, 1)}
+    engine.clear_prepared()
+    first = engine.run("conv2d", {"x": x, "w": w, "bias": None}, attrs, schedule="winograd_2x2")
+    freed = []
+    monkeypatch.setattr(backend, "free", lambda ptr: freed.append(ptr))
+    for _ in range(3):
+        np.testing.assert_array_equal(engine.run("conv2d", {"x": x, "w": w, "bias": None}, attrs,
+                                                 schedule="winograd_2x2"), first)
+    assert freed == []
+    prepared = [p for k, p in engine._cache.by_call.items() if k[0] == "conv2d"]
+    assert len(prepared) == 1 and list(prepared[0].stream_scratch) == [0]
+    monkeypatch.undo()
+    engine.clear_prepared()
