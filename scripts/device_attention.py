@@ -41,11 +41,19 @@ def _w(groups, block_k, stages=2):
 
 # fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic:
 # with and without the softmax / GEMM overlap (stages 3 / 2), 64- or 128-key tiles, 2 or 3 warpgroups.
+def _p(block_k, ring):
+    """The warp-specialized fused_wgmma: a producer warpgroup fills a ring of `ring` K/V buffers."""
+    return Schedule.make("fused_wgmma", groups=2, block_k=block_k, stages=ring, producer=1)
+
+
 WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 64), _w(3, 128, 3)]
 WG128 = [_w(2, 64, 3), _w(3, 64, 3), _w(2, 128)]
-SWEEP = {"B=8 H=16 S=2048 D=64": WG64, "B=8 H=16 S=2048 causal": WG64, "B=256 S=128 D=64": WG64[:2],
-         "SD1.5 self D=40": WG64, "SDXL self H=10 S=4096": WG64[:3], "Llama3-8B prefill GQA causal": WG128,
-         "DiT-XL S=1024 D=72": WG128, "Whisper enc H=20 S=1500": WG64[:3], "GPT-2 causal S=1024": WG64[:3],
+WS64 = [_p(128, 2), _p(128, 3), _p(64, 3), _p(64, 4)]       # producer variants, DP <= 64
+WS128 = [_p(64, 2), _p(64, 3), _p(64, 4)]                   # DP > 64
+SWEEP = {"B=8 H=16 S=2048 D=64": WS64 + WG64, "B=8 H=16 S=2048 causal": WS64 + WG64, "B=256 S=128 D=64": WG64[:2],
+         "SD1.5 self D=40": WS64 + WG64, "SDXL self H=10 S=4096": WS64 + WG64[:3],
+         "Llama3-8B prefill GQA causal": WS128 + WG128, "DiT-XL S=1024 D=72": WS128 + WG128,
+         "Whisper enc H=20 S=1500": WS64 + WG64[:3], "GPT-2 causal S=1024": WS64 + WG64[:3],
          "BERT-base S=128": WG64[:2], "ViT-B/16 S=197": WG64[:2], "CLIP ViT-L/14 S=257": WG64[:2]}
 
 
@@ -55,13 +63,13 @@ def problem_of(q_shape, kv_shape, dtype, causal):
     return op.make_problem(specs, {"causal": causal})
 
 
-def cases():
-    out = [("B=256 S=128 D=64", SEED, SEED, "float32", False)]
-    for dtype in ("float16", "bfloat16"):
+def cases(dtypes=("float16", "bfloat16"), only=None):
+    out = [] if only else [("B=256 S=128 D=64", SEED, SEED, "float32", False)]
+    for dtype in dtypes:
         out += [("B=256 S=128 D=64", SEED, SEED, dtype, False), ("B=8 H=16 S=2048 D=64", BIG, BIG, dtype, False),
                 ("B=8 H=16 S=2048 causal", BIG, BIG, dtype, True)]
         out += [(name, q, kv, dtype, causal) for name, q, kv, causal in MODELS]
-    return out
+    return [c for c in out if not only or c[0] in only]
 
 
 def tensors(q_shape, kv_shape, dtype):
@@ -129,10 +137,10 @@ def other_kernel(p, sched):
     return None
 
 
-def sweep(timer, rows, stop_at):
+def sweep(timer, rows, stop_at, only=None):
     """The SWEEP alternatives of a few fp16 shapes, graph replay, against the heuristic's time."""
     found = []
-    for name, q_shape, kv_shape, dtype, causal in cases():
+    for name, q_shape, kv_shape, dtype, causal in cases(("float16",), only):
         if dtype != "float16" or name not in SWEEP:
             continue
         if time.time() > stop_at:
@@ -178,7 +186,12 @@ def sanitize_case():
                   Schedule.make("fused_wgmma", groups=3, block_k=64, stages=3)),
                  ((1, 4, 90, 40), (1, 2, 150, 40), "bfloat16", "bottom_right",
                   Schedule.make("fused_wgmma", groups=2, block_k=128)),
-                 ((1, 2, 200, 72), (1, 1, 300, 72), "float16", True, Schedule.make("fused_wgmma", groups=3, block_k=64))]
+                 ((1, 2, 200, 72), (1, 1, 300, 72), "float16", True, Schedule.make("fused_wgmma", groups=3, block_k=64)),
+                 # the producer warpgroup: more tiles than ring buffers (the free barriers wrap), a
+                 # warpgroup past the last row, causal with each warpgroup stopping early, bf16 GQA
+                 ((1, 2, 90, 40), (1, 2, 700, 40), "float16", False, _p(128, 2)),
+                 ((1, 2, 130, 64), (1, 2, 330, 64), "float16", True, _p(64, 3)),
+                 ((1, 4, 200, 80), (1, 1, 600, 80), "bfloat16", "bottom_right", _p(64, 4))]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)
@@ -207,13 +220,13 @@ def sanitize_case():
 
 def sanitize(out_dir):
     results = {}
-    for tool in ("memcheck", "racecheck"):
+    for tool in ("memcheck", "racecheck", "synccheck"):
         t0 = time.time()
         proc = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
                                __file__, "--sanitize-case"], capture_output=True, text=True, timeout=240)
         text = proc.stdout + proc.stderr
         summary = [line for line in text.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line
-                   or "sanitize case" in line]
+                   or "SYNCCHECK SUMMARY" in line or "sanitize case" in line]
         results[tool] = {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "summary": summary}
         print(f"compute-sanitizer {tool}: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
         for line in summary:
@@ -264,7 +277,10 @@ def main():
     ap.add_argument("--no-sanitize", action="store_true")
     ap.add_argument("--sanitize-case", action="store_true")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which the sweep stops")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated")
+    ap.add_argument("--only", help="comma-separated problem names (default: every shape)")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
     if args.sanitize_case:
         sanitize_case()
     timer = Timer(torch)
@@ -273,7 +289,7 @@ def main():
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     start = time.time()
     rows, failed = [], []
-    for case in cases():
+    for case in cases(tuple(args.dtypes.split(",")), only):
         t0 = time.time()
         try:
             r = measure(timer, *case)
@@ -288,7 +304,7 @@ def main():
               + (f"  other {r['alt_graph_us']:.1f} us {'ok' if r['alt_ok'] else 'WRONG'} {r['alt_schedule']}"
                  if r.get("alt_graph_us") else ""), flush=True)
     san = {} if args.no_sanitize else sanitize(args.out)
-    found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline)
+    found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline, only)
     if found:
         print("\n" + best_table(rows, found), flush=True)
     print("\n" + table(rows), flush=True)

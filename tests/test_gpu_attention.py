@@ -226,3 +226,25 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
         check(q, k, v, schedule=sched)
         check(q, k, v, causal=True, schedule=sched)
         check(q, k, v, causal="bottom_right", schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [40, 64, 128])
+def test_wgmma_producer_warpgroup(dtype, d):
+    """The warp-specialized fused_wgmma (a producer warpgroup, mbarrier ring of 2-4 K/V buffers):
+    more key tiles than buffers (the free barriers wrap several times), a warpgroup past the last
+    query row, GQA 4:1, both causal diagonals with Sq != Sk (warpgroups stopping at different tiles)."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.base import Schedule
+    q = randn(2, 8, 90, d, dtype=dtype)
+    k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
+    device = jitops.get_backend().device
+    tiles = [(bk, ring) for bk in (64, 128) for ring in (2, 3, 4) if fits(d, 2, bk, device, ring, True)]
+    assert tiles, f"no producer tile fits D={d}"
+    for block_k, ring in tiles:
+        sched = Schedule.make("fused_wgmma", groups=2, block_k=block_k, stages=ring, producer=1)
+        check(q, k, v, schedule=sched)
+        check(q, k, v, causal=True, schedule=sched)
+        check(q, k, v, causal="bottom_right", schedule=sched)

@@ -20,6 +20,7 @@ MIN_ROWS = 128          # fewer query rows per head: most of a 64-row warpgroup 
 BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
+RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
 
 
 def hopper(device: DeviceInfo) -> bool:
@@ -39,9 +40,10 @@ def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
 
 
 def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2) -> int:
-    """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes."""
+    """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes (and the
+    producer's ring barriers, 16 bytes per buffer, in static shared memory)."""
     chunks = padded_dim(d) // 8
-    return chunks * ((64 * groups * 16 + 64) + 2 * stages * (block_k * 16 + 64))
+    return chunks * ((64 * groups * 16 + 64) + 2 * stages * (block_k * 16 + 64)) + 16 * stages
 
 
 def registers(d: int, block_k: int) -> int:
@@ -49,8 +51,8 @@ def registers(d: int, block_k: int) -> int:
     return block_k // 2 + padded_dim(d) // 2 + block_k // 4 + 40
 
 
-def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> bool:
-    threads = 128 * groups
+def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False) -> bool:
+    threads = 128 * (groups + producer)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads <= device.registers_per_multiprocessor
             and registers(d, block_k) <= 255
@@ -66,13 +68,17 @@ def preferred(p: AttentionProblem) -> bool:
     return p.sq >= 1024 and p.sk >= 512
 
 
-def default_tiles(d: int) -> tuple[int, int, int]:
-    """(groups, block_k, stages). H100 sweep (2026-11-23, fp16): up to DP = 64, 2 warpgroups with
-    128-key tiles and the plain loop were fastest or within 1.2% on every long shape (the
-    FlashAttention-3 overlap, stages = 3, needs ~160 registers there and lost 0.8x); above, 64-key
-    tiles, plain loop: within 3% of the best of each shape (DiT D=72: stages 3 2% faster; Llama-3
-    D=128: 3 warpgroups with stages 3 3% faster)."""
-    return (2, 128, 2) if padded_dim(d) <= 64 else (2, 64, 2)
+def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
+    """(groups, block_k, stages, producer). H100 sweeps (2026-11-23, fp16, graph replay,
+    scripts/device_attention.py): up to DP = 64, 2 warpgroups with 128-key tiles; without causal
+    masking the warp-specialized loop (a producer warpgroup, a ring of 3 K/V buffers) was as fast or
+    faster (SDXL 1.10x, SD 1.5 1.03x, Whisper 1.02x, B=8 H=16 S=2048 1.00x), with causal masking it
+    lost (0.85-0.88x: the warpgroups of a block stop at different tiles) and the plain loop stays.
+    Above DP = 64, 64-key tiles and the plain loop: within 3% of the best of each shape (the
+    producer loop 0.93-1.00x there)."""
+    if padded_dim(d) > 64:
+        return 2, 64, 2, False
+    return (2, 128, 2, False) if causal else (2, 128, 3, True)
 
 
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
@@ -81,25 +87,32 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     dp = padded_dim(p.d)
-    groups, bk, stages = default_tiles(p.d)
-    if not fits(p.d, groups, bk, device, stages):
-        groups, bk, stages = (2, 64, 2)
+    groups, bk, stages, producer = default_tiles(p.d, p.causal != "none")
+    if not fits(p.d, groups, bk, device, stages, producer):
+        groups, bk, stages, producer = (2, 64, 2, False)
     if not fits(p.d, groups, bk, device, stages):
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
     blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
     smem = shared_bytes(p.d, groups, bk, stages)
     why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
            f"rows, S = QK^T and O += PV by wgmma (P from registers), {stages} K/V buffers of {bk} keys by cp.async"
-           + (", softmax overlapping the P V product" if stages == 3 else "")
+           + (", softmax overlapping the P V product" if stages == 3 and not producer else "")
            + f" ({smem // 1024} KiB shared); {blocks} blocks")
+    if producer:
+        why = why.replace(f"{stages} K/V buffers of {bk} keys by cp.async",
+                          f"a producer warpgroup filling {stages} K/V buffers of {bk} keys (cp.async, mbarriers)")
+        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, stages=stages, producer=1)
     return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, **({"stages": 3} if stages == 3 else {}))
 
 
 def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     if why_not(p, device):
         return []
-    return [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
-            for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
+    plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
+             for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
+    specialized = [Schedule.make("fused_wgmma", groups=2, block_k=bk, stages=ring, producer=1)
+                   for bk in BLOCK_KS for ring in RINGS if fits(p.d, 2, bk, device, ring, True)]
+    return plain + specialized
 
 
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
@@ -108,10 +121,10 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
-    stages = int(schedule.get("stages", 2))
-    if groups not in GROUPS or bk not in BLOCK_KS or stages not in STAGES:
+    stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
+    if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if producer else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
-                            f"in {GROUPS}, {BLOCK_KS} and {STAGES}")
+                            f"in {GROUPS}, {BLOCK_KS} and {RINGS if producer else STAGES}")
     smem = shared_bytes(p.d, groups, bk, stages)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
@@ -120,9 +133,12 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     blocks = p.batch * p.heads * q_tiles
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
-    threads = 128 * groups
+    threads = 128 * (groups + producer)       # producer=1: one more warpgroup that only copies K/V
+    if not fits(p.d, groups, bk, device, stages, producer):
+        raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
+                            f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "scale_positive": p.scale > 0}
+              "scale_positive": p.scale > 0, "producer": producer}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     return Plan(launches=(Launch.make(TEMPLATE, "attention_fused_wgmma", params, (blocks,), (threads,), args,
