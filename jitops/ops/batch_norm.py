@@ -19,9 +19,9 @@ import numpy as np
 from ..device import DeviceInfo
 from ..errors import ArgumentError, ScheduleError
 from .base import (C_TYPE, INT32_MAX, ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div,
-                   index_type, parse_shape, parse_value, problem_key)
+                   index_type, parse_shape, parse_value)
 from .norm_affine import affine_launch
-from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
+from .norm_args import channel_problem_key, check_eps, check_input, param_dtype, prod, require_tensor
 
 NAME = "batch_norm"
 INPUTS = ("x", "mean", "var", "gamma", "beta")
@@ -78,10 +78,8 @@ class BatchNormProblem:
         return {"y": TensorSpec(self.shape, self.dtype, self.layout)}
 
     def key(self) -> str:
-        flat = {n: (TensorSpec((self.shape[0], self.channels, self.plane), s.dtype, self.layout) if n == "x" else s)
-                for n, s in self.inputs().items()}
-        return problem_key(NAME, flat, {"eps": self.eps, "activation": self.activation or "none",
-                                        "alpha": self.alpha})
+        return channel_problem_key(NAME, self, {"eps": self.eps, "activation": self.activation or "none",
+                                                "alpha": self.alpha})
 
     def bytes_moved(self) -> int:
         return 2 * self.numel * ITEMSIZE[self.dtype] + len(self.present()) * self.channels * ITEMSIZE[self.ptype]

@@ -21,8 +21,8 @@ import numpy as np
 from ..device import DeviceInfo
 from ..errors import ArgumentError
 from . import group_norm_nhwc as nhwc
-from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value, problem_key
-from .norm_args import check_eps, check_input, param_dtype, prod, require_tensor
+from .base import ITEMSIZE, Plan, Schedule, TensorSpec, parse_shape, parse_value
+from .norm_args import channel_problem_key, check_eps, check_input, param_dtype, prod, require_tensor
 from .norm_common import RowSpec, layer_reference, row_candidates, row_heuristic, row_plan, row_tolerance
 from .norm_reference import norm_random_inputs
 
@@ -69,9 +69,7 @@ class GroupNormProblem:
         return {"y": TensorSpec(self.shape, self.dtype, self.layout)}
 
     def key(self) -> str:
-        flat = {n: (TensorSpec((self.shape[0], self.channels, self.plane), s.dtype, self.layout) if n == "x" else s)
-                for n, s in self.inputs().items()}
-        return problem_key(NAME, flat, {"num_groups": self.groups, "eps": self.eps})
+        return channel_problem_key(NAME, self, {"num_groups": self.groups, "eps": self.eps})
 
     def row_spec(self) -> RowSpec:
         cpg = self.channels // self.groups

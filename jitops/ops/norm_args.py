@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import TensorSpec
+from .base import TensorSpec, problem_key
 
 NORM_DTYPES = ("float32", "float16", "bfloat16")   # inputs; statistics and accumulation are fp32
 
@@ -78,3 +78,11 @@ def prod(values: Sequence[int]) -> int:
     for v in values:
         n *= int(v)
     return n
+
+
+def channel_problem_key(name: str, p: Any, attrs: Mapping[str, Any]) -> str:
+    """The record key of a per-channel problem (batch_norm, group_norm): x as (N, C, H*W), so shapes
+    that only split the plane differently share tuning records."""
+    flat = {n: (TensorSpec((p.shape[0], p.channels, p.plane), s.dtype, p.layout) if n == "x" else s)
+            for n, s in p.inputs().items()}
+    return problem_key(name, flat, attrs)
