@@ -41,15 +41,15 @@ def _w(groups, block_k, stages=2):
 
 # fp16 fused_wgmma tiles timed next to the scheduler's choice (graph replay), to tune the heuristic:
 # with and without the softmax / GEMM overlap (stages 3 / 2), 64- or 128-key tiles, 2 or 3 warpgroups.
-def _p(block_k, ring):
+def _p(block_k, ring, groups=2):
     """The warp-specialized fused_wgmma: a producer warpgroup fills a ring of `ring` K/V buffers."""
-    return Schedule.make("fused_wgmma", groups=2, block_k=block_k, stages=ring, producer=1)
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1)
 
 
 WG64 = [_w(2, 64, 3), _w(2, 128, 3), _w(2, 64), _w(3, 128, 3)]
 WG128 = [_w(2, 64, 3), _w(3, 64, 3), _w(2, 128)]
-WS64 = [_p(128, 2), _p(128, 3), _p(64, 3), _p(64, 4)]       # producer variants, DP <= 64
-WS128 = [_p(64, 2), _p(64, 3), _p(64, 4)]                   # DP > 64
+WS64 = [_p(128, 3), _p(128, 4), _p(64, 3, 3), _p(64, 4, 3)]   # producer variants, DP <= 64
+WS128 = [_p(64, 3), _p(64, 4)]                                 # DP > 64
 SWEEP = {"B=8 H=16 S=2048 D=64": WS64 + WG64, "B=8 H=16 S=2048 causal": WS64 + WG64, "B=256 S=128 D=64": WG64[:2],
          "SD1.5 self D=40": WS64 + WG64, "SDXL self H=10 S=4096": WS64 + WG64[:3],
          "Llama3-8B prefill GQA causal": WS128 + WG128, "DiT-XL S=1024 D=72": WS128 + WG128,
@@ -191,7 +191,8 @@ def sanitize_case():
                  # warpgroup past the last row, causal with each warpgroup stopping early, bf16 GQA
                  ((1, 2, 90, 40), (1, 2, 700, 40), "float16", False, _p(128, 2)),
                  ((1, 2, 130, 64), (1, 2, 330, 64), "float16", True, _p(64, 3)),
-                 ((1, 4, 200, 80), (1, 1, 600, 80), "bfloat16", "bottom_right", _p(64, 4))]
+                 ((1, 4, 200, 80), (1, 1, 600, 80), "bfloat16", "bottom_right", _p(64, 4)),
+                 ((1, 2, 250, 64), (1, 2, 500, 64), "float16", True, _p(64, 3, 3))]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)

@@ -422,6 +422,8 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         # without causal masking and up to DP = 64: the producer warpgroup (measured 1.00-1.10x there)
         producer = not causal and q[-1] <= 64
         assert bool(s.get("producer", 0)) == producer and ("producer warpgroup" in s.why) == producer, s
+        if q == (8, 16, 2048, 64):      # many blocks, little padding: 3 consumer warpgroups
+            assert s["groups"] == 3 and "3 warpgroups" in s.why, s
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
                          ((1, 16, 2048, 256), (1, 16, 2048, 256), "float16"),    # D > 128

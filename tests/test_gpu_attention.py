@@ -241,10 +241,11 @@ def test_wgmma_producer_warpgroup(dtype, d):
     q = randn(2, 8, 90, d, dtype=dtype)
     k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
     device = jitops.get_backend().device
-    tiles = [(bk, ring) for bk in (64, 128) for ring in (2, 3, 4) if fits(d, 2, bk, device, ring, True)]
+    tiles = [(g, bk, ring) for g in (2, 3) for bk in (64, 128) for ring in (2, 3, 4)
+             if fits(d, g, bk, device, ring, True)]
     assert tiles, f"no producer tile fits D={d}"
-    for block_k, ring in tiles:
-        sched = Schedule.make("fused_wgmma", groups=2, block_k=block_k, stages=ring, producer=1)
+    for groups, block_k, ring in tiles:
+        sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1)
         check(q, k, v, schedule=sched)
         check(q, k, v, causal=True, schedule=sched)
         check(q, k, v, causal="bottom_right", schedule=sched)
