@@ -89,7 +89,7 @@ def variants(ctx: Context, cp: ConvProblem, dtype: str) -> list[str]:
     out = ["heuristic"]
     if ctx.algorithms == "all":
         p = op_problem(cp, dtype)
-        out += ["model"] + [a for a in op.ALGORITHMS if a != "naive" and op.applicable(p, a)
+        out += ["model"] + [a for a in op.ALGORITHMS if a != "naive" and op.applicable(p, a, jitops.get_backend().device)
                             and not (a == "implicit_gemm" and p.is_pointwise)]     # there it is gemm_1x1
     return out + ["naive"]
 

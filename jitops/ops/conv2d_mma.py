@@ -146,17 +146,31 @@ def k_padded(p: Conv2dProblem, bk: int) -> int:
 
 
 def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
-    from .conv2d_plans import _splitk_launch
     tile = tile_of(s)
     bm, bn, bk, wm, wn, stages = tile
     threads = _check(p, tile, device)
+    splits, _ = splits_of(p, s)
+    params = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages, "threads": threads,
+              "async_copy": device.backend == "cuda", "mma_type": C_TYPE[p.dtype],
+              "precision": p.precision if p.dtype == "float32" else "none"}
+    grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
+    return plan_around(p, s, "conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, threads,
+                       shared_bytes(bm, bn, bk, stages, p.itemsize))
+
+
+def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, params: dict, grid: tuple[int, int, int],
+                threads: int, shared: int) -> Plan:
+    """A matrix-core GEMM launch (mma.hip.j2 or wgmma.hip.j2: the same arguments and epilogue)
+    with what surrounds it: the weight pack (prepare), the NHWC copy of the input where it is
+    needed, and the split-K reduction."""
+    from .conv2d_plans import _splitk_launch
+    bk = int(s["bk"])
     cs, cgp = channels(p)
     kp = k_padded(p, bk)
     splits, kt_per_split = splits_of(p, s)
     m = p.pixels
-    grid = (ceil_div(m, bm), ceil_div(p.cout_g, bn), p.groups * splits)
-    if m > INT32_MAX - bm or grid[1] > 65535 or grid[2] > 65535:
-        raise ScheduleError(f"mma grid {grid} exceeds the launch limits")
+    if m > INT32_MAX - int(s["bm"]) or grid[1] > 65535 or grid[2] > 65535:
+        raise ScheduleError(f"{s.algorithm} grid {grid} exceeds the launch limits")
     ctype = C_TYPE[p.dtype]
     x_elems = p.n * p.h * p.w * cs
     y_elems = p.n * p.cout * p.oh * p.ow
@@ -168,11 +182,9 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
     copy = needs_nhwc_copy(p)
     fused = splits == 1
-    params = {"ctype": ctype, "index_type": idx, "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages,
-              "threads": threads, "has_bias": p.has_bias and fused, "has_residual": p.has_residual and fused,
-              "activation": p.activation if fused else "none", "out_nhwc": out_nhwc, "vec_out": vec_out,
-              "split_k": not fused, "async_copy": device.backend == "cuda", "mma_type": ctype,
-              "pointwise": p.is_pointwise, "precision": p.precision if p.dtype == "float32" else "none"}
+    params = {**params, "ctype": ctype, "index_type": idx, "has_bias": p.has_bias and fused,
+              "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
+              "out_nhwc": out_nhwc, "vec_out": vec_out, "split_k": not fused, "pointwise": p.is_pointwise}
     outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
     args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
             *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
@@ -180,8 +192,7 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
                                          p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
                                          p.dilation[1])),
             Scalar("f32", p.alpha))
-    gemm = Launch.make("conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, (threads,), args,
-                       shared_bytes(bm, bn, bk, stages, p.itemsize))
+    gemm = Launch.make(template, kernel, params, grid, (threads,), args, shared)
     scalar = "i32" if idx == "int" else "i64"
     layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
     pack = Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},

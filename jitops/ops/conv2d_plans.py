@@ -19,6 +19,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_wgmma as wgmma
 from . import conv2d_winograd as wino
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
 from .conv2d_problem import Conv2dProblem
@@ -26,7 +27,7 @@ from .conv2d_problem import Conv2dProblem
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
 WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
 ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
-              mma.ALGORITHM, depthwise.ALGORITHM)
+              mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
 
 
@@ -364,6 +365,8 @@ def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         return Plan(launches=())
     if s.algorithm == mma.ALGORITHM:
         return mma.plan_mma(p, s, device)
+    if s.algorithm == wgmma.ALGORITHM:
+        return wgmma.plan_wgmma(p, s, device)
     if s.algorithm == depthwise.ALGORITHM:
         return depthwise.plan_depthwise(p, s, device)
     if p.layout == "nhwc":

@@ -14,6 +14,7 @@ from ..errors import ScheduleError
 from .base import Schedule, ceil_div
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_wgmma as wgmma
 from .conv2d_cost import PARAMS, estimate
 from .conv2d_plans import ALGORITHMS, WINOGRAD_M
 from .conv2d_problem import Conv2dProblem
@@ -42,7 +43,9 @@ def _pow2_at_most(v: int, cap: int) -> int:
     return max(1, min(cap, 1 << max(0, int(math.log2(max(1, v))))))
 
 
-def applicable(p: Conv2dProblem, algorithm: str) -> bool:
+def applicable(p: Conv2dProblem, algorithm: str, device: DeviceInfo) -> bool:
+    if algorithm == wgmma.ALGORITHM:
+        return wgmma.why_not(p, device) is None
     if algorithm == mma.ALGORITHM:
         return mma.why_not(p) is None
     if algorithm == depthwise.ALGORITHM:
@@ -95,6 +98,8 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     out = [s for s in out if _plannable(p, s, device)]
     if mma.why_not(p) is None:
         out += mma.candidates(p, device)
+    if wgmma.why_not(p, device) is None:
+        out += wgmma.candidates(p, device)
     if depthwise.why_not(p) is None:
         out.append(depthwise.schedule())
     return out
@@ -118,8 +123,9 @@ def _best(p: Conv2dProblem, device: DeviceInfo, schedules: list[Schedule]) -> tu
 def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ScheduleError(f"conv2d has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
-    if algorithm is not None and not applicable(p, algorithm):
-        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not}.get(algorithm, lambda _: None)(p)
+    if algorithm is not None and not applicable(p, algorithm, device):
+        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not,
+                  wgmma.ALGORITHM: lambda q: wgmma.why_not(q, device)}.get(algorithm, lambda _: None)(p)
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
                             + (f": {reason}" if reason else ""))
     if algorithm == "naive":
@@ -127,6 +133,11 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     if algorithm == "implicit_gemm" and p.is_pointwise:
         algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
     pool = [s for s in candidates(p, device) if s.algorithm != "naive"]
+    if algorithm is None and wgmma.why_not(p, device) is None:
+        # On sm_90 the wgmma kernel stands in for mma.sync (the tuner still times both): on 122
+        # problems (H100, 2026-11-24) mma.sync was >10% faster on 3, and the two cost models,
+        # fitted apart, picked mma.sync on 53 where it lost up to 1.3x (launch-bound layers).
+        pool = [s for s in pool if s.algorithm != mma.ALGORITHM]
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]
         if not pool:

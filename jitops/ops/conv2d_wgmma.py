@@ -1,0 +1,158 @@
+"""conv2d on Hopper's warpgroup MMA: implicit GEMM with wgmma (templates/conv2d/wgmma.hip.j2).
+
+The problem, the weight pack, the NHWC copy, the epilogue and split-K are those of the mma.sync
+kernel (conv2d_mma); only the main loop differs: wgmma.mma_async m64nBNk16 reading both operands
+from shared memory, so a warpgroup's products run while its threads prepare the next tile. The
+arch-specific target sm_90a exists on compute capability 9.0 only; elsewhere the mma.sync kernel
+stays the matrix-core path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..device import DeviceInfo
+from ..errors import ScheduleError
+from .base import Plan, Schedule, ceil_div
+from .conv2d_mma import channels, k_padded, needs_nhwc_copy, plan_around, splits_of
+from .conv2d_problem import Conv2dProblem
+
+ALGORITHM = "implicit_gemm_wgmma"
+DTYPES = ("float16", "bfloat16")
+BK = 64
+# (bm, bn, stages, producer): bm / 64 consumer warpgroups; producer adds a copying warpgroup.
+# 3-stage 128 x 128 and the 64-wide tiles leave room for two blocks per multiprocessor (one's
+# epilogue runs beside the other's main loop). The producer variant won only two 1x1 layers of 36
+# in the first sweep (H100, 2026-11-24): two of its tiles stay in the space.
+TILES = ((128, 256, 4, 0), (128, 192, 4, 0), (128, 128, 6, 0), (128, 128, 4, 0), (128, 128, 3, 0),
+         (64, 256, 4, 0), (64, 128, 4, 0), (128, 64, 4, 0), (64, 64, 4, 0),
+         (128, 128, 4, 1), (192, 128, 4, 1))
+
+
+@dataclass(frozen=True)
+class WgmmaCost:
+    """Constants of `estimate`: the share of the multiprocessor's dense fp16 rate each tile
+    sustains in its main loop, and the per-block overhead (prologue, epilogue) in K elements.
+    Fitted by scripts/conv2d_wgmma_fit.py to 2284 timed candidates on 122 problems (15 benchmark,
+    14 large, 93 torchvision layers; H100, 2026-11-24): rms error 0.138 in log time; the model's
+    pick runs 1.031x the fastest candidate's time on geometric mean (worst 1.25x)."""
+
+    tile_rate: dict = field(default_factory=lambda: {
+        (128, 256, 4, 0): 0.642, (128, 192, 4, 0): 0.574, (128, 128, 6, 0): 0.500, (128, 128, 4, 0): 0.494,
+        (128, 128, 3, 0): 0.452, (64, 256, 4, 0): 0.458, (64, 128, 4, 0): 0.588, (128, 64, 4, 0): 0.553,
+        (64, 64, 4, 0): 0.519, (128, 128, 4, 1): 0.385, (192, 128, 4, 1): 0.394})
+    overhead_k: float = 229.9
+
+
+COST = WgmmaCost()
+
+
+def hopper(device: DeviceInfo) -> bool:
+    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
+
+
+def why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
+    """Why the wgmma kernel cannot run this problem on this device, or None."""
+    if not hopper(device):
+        return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
+    if p.dtype not in DTYPES:
+        return f"wgmma conv2d takes {' or '.join(DTYPES)} (got {p.dtype})"
+    if p.groups > 1 and p.cin_g % 8:
+        return f"grouped matrix-core conv2d needs a multiple of 8 input channels per group (got {p.cin_g})"
+    return None
+
+
+def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "") -> Schedule:
+    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=BK, stages=stages, producer=producer,
+                         split_k=split_k, math="wgmma")
+
+
+def tile_of(s: Schedule) -> tuple[int, int, int, int]:
+    return int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s.get("producer", 0))
+
+
+def shared_bytes(bm: int, bn: int, stages: int) -> int:
+    """The pipeline stages or the fp32 epilogue tile, whichever is larger (they share memory),
+    plus 1024 bytes to align the swizzled stages."""
+    return max(stages * (bm + bn) * BK * 2, bm * (bn + 8) * 4) + 1024
+
+
+def threads_of(bm: int, producer: int) -> int:
+    return 128 * (bm // 64 + producer)
+
+
+def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo) -> int:
+    reason = why_not(p, device)
+    if reason:
+        raise ScheduleError(reason)
+    bm, bn, stages, producer = tile
+    if bm % 64 or bn % 64 or bn > 256 or stages < (2 if producer else 3):
+        raise ScheduleError(f"wgmma tile {bm}x{bn} with {stages} stages is not supported")
+    threads = threads_of(bm, producer)
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"wgmma tile {bm}x{bn}: {threads} threads exceed {device.max_threads_per_block}")
+    smem = shared_bytes(bm, bn, stages)
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"wgmma tile {bm}x{bn}x{BK}x{stages}: {smem} bytes of shared memory exceed "
+                            f"{device.shared_per_block_optin} on {device.name}")
+    return threads
+
+
+def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    tile = tile_of(s)
+    bm, bn, stages, producer = tile
+    threads = _check(p, tile, device)
+    splits, _ = splits_of(p, s)
+    params = {"BM": bm, "BN": bn, "BK": BK, "STAGES": stages, "WG": bm // 64, "producer": producer,
+              "threads": threads}
+    grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
+    return plan_around(p, s, "conv2d/wgmma.hip.j2", "conv2d_implicit_gemm_wgmma", params, grid, threads,
+                       shared_bytes(bm, bn, stages))
+
+
+def _split_options(p: Conv2dProblem, bm: int, bn: int, device: DeviceInfo) -> list[int]:
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
+    kt = k_padded(p, BK) // BK
+    if blocks >= device.multiprocessors:
+        return [1]
+    return [1] + [s for s in (2, 3, 4, 6, 8) if kt // s >= 4 and blocks * s <= 2 * device.multiprocessors]
+
+
+def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    out = []
+    for tile in TILES:
+        try:
+            _check(p, tile, device)
+        except ScheduleError:
+            continue
+        out += [schedule(*tile, split_k=k) for k in _split_options(p, tile[0], tile[1], device)]
+    return out
+
+
+def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
+             prm: WgmmaCost | None = None) -> float:
+    """Seconds for one call: one block per multiprocessor at a time (the tiles fill its shared
+    memory), each at the tile's share of the dense fp16 rate; or the DRAM bytes, whichever is
+    larger; plus the NHWC copy and the split-K reduction."""
+    prm = prm or COST
+    bm, bn, stages, producer = tile_of(s)
+    peak_sm = 4096 * 1.83e9
+    rate = peak_sm * prm.tile_rate.get((bm, bn, stages, producer), 0.4)
+    splits, per = splits_of(p, s)
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
+    threads = threads_of(bm, producer)
+    regs = bn // 2 + 70                           # accumulators + addressing (ptxas: 115-206)
+    resident = max(1, min(device.shared_per_multiprocessor // shared_bytes(bm, bn, stages),
+                          device.registers_per_multiprocessor // (threads * regs)))
+    waves = ceil_div(blocks, device.multiprocessors * resident) * resident
+    compute = waves * 2.0 * bm * bn * (per * BK + prm.overhead_k) / rate
+    isz = p.itemsize
+    cs, _ = channels(p)
+    x_bytes = p.n * p.h * p.w * cs * isz
+    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    w_bytes = p.cout * k_padded(p, BK) * isz
+    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
+    if needs_nhwc_copy(p):
+        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    if splits > 1:
+        t += 1.36e-6 + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
+    return t
