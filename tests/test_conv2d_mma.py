@@ -137,21 +137,47 @@ def test_argument_errors(emu):
 
 
 def test_heuristic_uses_matrix_cores_for_half():
-    """sm_90: fp16 / bf16 3x3 and 1x1 go to the matrix cores, depthwise NHWC to its kernel, fp32
-    stays on the exact kernels."""
-    dev = jitops.get_backend(target="sm_90").device
+    """fp16 / bf16 3x3 and 1x1 go to the matrix cores (wgmma on sm_90, mma.sync on sm_80),
+    depthwise NHWC to its kernel, fp32 stays on the exact kernels."""
+    hopper = jitops.get_backend(target="sm_90").device
+    ampere = jitops.get_backend(target="sm_80").device
 
-    def pick(x, w, dtype, layout="", **attrs):
+    def pick(x, w, dtype, layout="", dev=hopper, **attrs):
         p = op.make_problem({"x": TensorSpec(x, dtype, layout), "w": TensorSpec(w, dtype), "bias": None}, attrs)
         return op.heuristic(p, dev)
 
     for dtype in ("float16", "bfloat16"):
-        assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1).algorithm == "implicit_gemm_mma"
-        assert pick((8, 256, 56, 56), (64, 256, 1, 1), dtype, "nhwc").algorithm == "implicit_gemm_mma"
+        assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1).algorithm == "implicit_gemm_wgmma"
+        assert pick((8, 256, 56, 56), (64, 256, 1, 1), dtype, "nhwc").algorithm == "implicit_gemm_wgmma"
+        assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1, dev=ampere).algorithm == "implicit_gemm_mma"
     assert pick((8, 96, 56, 56), (96, 1, 3, 3), "float16", "nhwc", padding=1, groups=96).algorithm == "depthwise_nhwc"
-    assert pick((8, 256, 56, 56), (256, 256, 3, 3), "float32", padding=1).algorithm != "implicit_gemm_mma"
+    assert pick((8, 256, 56, 56), (256, 256, 3, 3), "float32", padding=1).algorithm not in (
+        "implicit_gemm_mma", "implicit_gemm_wgmma")
     why = pick((8, 256, 56, 56), (256, 256, 3, 3), "float16", padding=1).why
-    assert "implicit_gemm_mma" in why and "estimated" in why
+    assert "implicit_gemm_wgmma" in why and "estimated" in why
+
+
+def test_wgmma_only_on_hopper_and_half():
+    """The wgmma kernel needs sm_90 and fp16 / bf16: elsewhere a forced request names why; every
+    candidate it offers fits the device's shared memory and threads."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    hopper = jitops.get_backend(target="sm_90").device
+    ampere = jitops.get_backend(target="sm_80").device
+    half = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float16", "nhwc"),
+                            "w": TensorSpec((96, 64, 3, 3), "float16"), "bias": None}, {"padding": 1})
+    with pytest.raises(ScheduleError, match="sm_90"):
+        op.heuristic(half, ampere, wg.ALGORITHM)
+    fp32 = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float32"), "w": TensorSpec((96, 64, 3, 3), "float32"),
+                            "bias": None}, {"padding": 1})
+    with pytest.raises(ScheduleError, match="float16 or bfloat16"):
+        op.heuristic(fp32, hopper, wg.ALGORITHM)
+    cands = wg.candidates(half, hopper)
+    assert len({wg.tile_of(s) for s in cands}) == len(wg.TILES)
+    for s in cands:
+        launch = next(l for l in op.plan(half, s, hopper).launches if l.kernel == "conv2d_implicit_gemm_wgmma")
+        assert launch.shared_bytes <= hopper.shared_per_block_optin
+        assert launch.block[0] == 128 * (int(s["bm"]) // 64 + int(s["producer"]))
 
 
 def test_mma_plans():
@@ -172,3 +198,9 @@ def test_mma_plans():
     assert kernels((8, 3, 56, 56), (64, 3, 3, 3), "nhwc") == ["conv2d_to_nhwc", "conv2d_implicit_gemm_mma"]
     assert kernels((2, 512, 7, 7), (64, 512, 3, 3), "nhwc", split=4) == ["conv2d_implicit_gemm_mma",
                                                                          "conv2d_splitk_reduce"]
+    from jitops.ops.conv2d_wgmma import schedule as wgmma_schedule
+    p = op.make_problem({"x": TensorSpec((2, 20, 9, 9), "float16"), "w": TensorSpec((32, 20, 3, 3), "float16"),
+                         "bias": None}, {"padding": 1})
+    plan = op.plan(p, wgmma_schedule(128, 128, 4, 0, split_k=2), dev)       # the same plan around wgmma
+    assert [l.kernel for l in plan.launches] == ["conv2d_to_nhwc", "conv2d_implicit_gemm_wgmma", "conv2d_splitk_reduce"]
+    assert [l.kernel for l in plan.prepare] == ["conv2d_mma_pack_weights"]

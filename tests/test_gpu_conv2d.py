@@ -215,3 +215,45 @@ def test_fp32_on_matrix_cores(precision, layout):
                 assert 1e-5 < err <= 4e-3, err
             else:
                 assert err <= 4e-5, err
+
+
+def _hopper(be) -> bool:
+    return be.device.arch.rstrip("a") == "sm_90"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_wgmma_matches_float64(gpu_backend, dtype, layout):
+    """The Hopper warpgroup-MMA kernel (sm_90 only) on edge shapes: M, N and K not multiples of the
+    tile, 20 channels (padded copy), stride 2, dilation, groups, 1x1, residual + activation, both
+    loop variants (all threads copy / a copying warpgroup) and split-K."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"wgmma needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops.conv2d_wgmma import schedule
+    tol = 4e-3 if dtype == torch.float16 else 2e-2
+    cases = (((2, 20, 17, 15), (24, 20, 3, 3), {"padding": 1, "stride": 2, "activation": "relu"}),
+             ((1, 32, 19, 21), (40, 32, 3, 3), {"padding": 2, "dilation": 2}),
+             ((2, 64, 12, 12), (64, 16, 3, 3), {"padding": 1, "groups": 4}),
+             ((2, 64, 14, 14), (72, 64, 1, 1), {}),
+             ((2, 512, 7, 7), (36, 512, 3, 3), {"padding": 1, "activation": "leaky_relu", "alpha": 0.1}))
+    for i, (xs, ws, attrs) in enumerate(cases):
+        x = rand(*xs, dtype=dtype, seed=i)
+        w = rand(*ws, dtype=dtype, scale=(ws[1] * ws[2] * ws[3]) ** -0.5, seed=i + 10)
+        b = rand(ws[0], dtype=dtype, seed=i + 20)
+        if layout == "nhwc":
+            x = x.to(memory_format=torch.channels_last)
+        act, alpha = attrs.get("activation"), attrs.get("alpha", 0.01)
+        conv = {k: v for k, v in attrs.items() if k not in ("activation", "alpha")}
+        ref = F.conv2d(x.double(), w.double(), b.double(), **conv)
+        r = rand(*ref.shape, dtype=dtype, seed=i + 30)
+        if layout == "nhwc":
+            r = r.to(memory_format=torch.channels_last)
+        ref = ref + r.double()
+        ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
+        for s in (schedule(128, 128, 4, 0), schedule(64, 64, 4, 0, split_k=2), schedule(128, 128, 4, 1),
+                  schedule(192, 128, 4, 1)):
+            y = jitops.conv2d(x, w, b, residual=r, schedule=s, **attrs)
+            assert not torch.isnan(y).any(), s
+            assert y.is_contiguous(memory_format=torch.channels_last if layout == "nhwc" else torch.contiguous_format)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (s, xs, ws, err)

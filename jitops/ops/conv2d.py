@@ -15,6 +15,7 @@ import numpy as np
 from ..device import DeviceInfo
 from . import conv2d_depthwise
 from . import conv2d_mma as mma
+from . import conv2d_wgmma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
 from .conv2d_plans import ALGORITHMS, plan as _plan, weights_from_ohwi
@@ -97,6 +98,8 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                "bias": TensorSpec((24,), dtype), "residual": TensorSpec((1, 24, 5, 4), dtype, "nhwc")},
                               {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
             out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
+            if conv2d_wgmma.why_not(residual, device) is None:                    # sm_90a: one representative
+                out.append((residual, conv2d_wgmma.schedule(128, 128, 4, 1, split_k=1)))
             continue
         tf32 = _problem((2, 12, 9, 7), (24, 12, 3, 3), dtype, bias=True, padding=1, stride=2, activation="relu",
                         residual=True, precision="3xtf32")
