@@ -2,7 +2,8 @@
 per-tile rates and the per-block overhead, by least squares on log(time) over every timed
 candidate; then report how the fitted model's pick compares with the fastest candidate.
 
-  python3 scripts/conv2d_wgmma_fit.py DIR [DIR ...]     (reads bench.json, big.json, layers.json)
+  python3 scripts/conv2d_wgmma_fit.py DIR [DIR ...] [--dtypes=float16,tf32] [--evaluate]
+  (reads bench.json, big.json, layers.json, tf32.json; --evaluate: report the current constants)
 """
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def parse(s: str) -> tuple[int, ...]:
     return int(g["bm"]), int(g["bn"]), int(g["stages"]), int(g["producer"]), int(g["split_k"])
 
 
-def samples(dirs: list[str]) -> list[tuple]:
+def samples(dirs: list[str], dtypes: tuple = ()) -> list[tuple]:
     out = []
     for d in dirs:
-        for name in ("bench", "big", "layers"):
+        for name in ("bench", "big", "layers", "tf32"):
             path = os.path.join(d, f"{name}.json")
             if not os.path.exists(path):
                 continue
@@ -44,7 +45,10 @@ def samples(dirs: list[str]) -> list[tuple]:
                 if "wgmma_us" not in row:
                     continue
                 attrs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in row["attrs"].items()}
-                spec = {"x": TensorSpec(tuple(row["x"]), row["dtype"], "nhwc"), "w": TensorSpec(tuple(row["w"]), row["dtype"]),
+                dtype = "float32" if row["dtype"] == "tf32" else row["dtype"]      # attrs hold precision "tf32"
+                if dtypes and row["dtype"] not in dtypes:
+                    continue
+                spec = {"x": TensorSpec(tuple(row["x"]), dtype, "nhwc"), "w": TensorSpec(tuple(row["w"]), dtype),
                         "bias": None}
                 p = op.make_problem(spec, attrs)
                 for s, us in row["wgmma_us"].items():
@@ -63,13 +67,22 @@ def loss(x: np.ndarray, data) -> float:
     return float(np.mean([(math.log(predict(prm, p, t)) - math.log(us)) ** 2 for p, t, us, _ in data]))
 
 
+def loss_of(prm: wg.WgmmaCost, data) -> float:
+    return float(np.mean([(math.log(predict(prm, p, t)) - math.log(us)) ** 2 for p, t, us, _ in data]))
+
+
 def to_params(x: np.ndarray) -> wg.WgmmaCost:
     rates = {k: float(math.exp(v)) for k, v in zip(KEYS, x[:-1])}
     return replace(wg.COST, tile_rate=rates, overhead_k=float(math.exp(x[-1])))
 
 
 def main() -> None:
-    data = samples(sys.argv[1:])
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    dtypes = tuple(a[len("--dtypes="):].split(",") for a in sys.argv[1:] if a.startswith("--dtypes="))
+    data = samples(args, dtypes[0] if dtypes else ())
+    if "--evaluate" in sys.argv:                 # the current constants, no fit
+        report(wg.COST, data)
+        return
     print(f"{len(data)} timed candidates")
     x = np.array([math.log(wg.COST.tile_rate.get(k, 0.4)) for k in KEYS] + [math.log(wg.COST.overhead_k)])
     step = 0.2
@@ -89,6 +102,11 @@ def main() -> None:
     print(f"rms log error {math.sqrt(best):.3f}; overhead_k {prm.overhead_k:.1f}")
     for k in KEYS:
         print(f"  {k}: {prm.tile_rate[k]:.3f}")
+    report(prm, data)
+
+
+def report(prm: wg.WgmmaCost, data: list) -> None:
+    print(f"rms log error of these constants: {math.sqrt(loss_of(prm, data)):.3f}")
     by_problem: dict = {}
     for p, t, us, ven in data:
         by_problem.setdefault(id(p), []).append((p, t, us, ven))

@@ -49,8 +49,10 @@ def section_check(out_dir: str) -> dict:
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for xs, ws, attrs, has_b, has_r in CHECKS:
-        for dtype in ("float16", "bfloat16"):
-            td = TDT[dtype]
+        for dtype in ("float16", "bfloat16", "tf32"):
+            td = TDT.get(dtype, torch.float32)
+            if dtype == "tf32":
+                attrs = {**attrs, "precision": "tf32"}
             x = torch.randn(xs, device="cuda", generator=gen).to(td)
             w = (torch.randn(ws, device="cuda", generator=gen) / (ws[1] * ws[2] * ws[3]) ** 0.5).to(td)
             b = torch.randn(ws[0], device="cuda", generator=gen).to(td) if has_b else None
@@ -59,12 +61,12 @@ def section_check(out_dir: str) -> dict:
             ref = ref_f64(x, w, b, pair(attrs.get("stride", 1)), pads4(attrs.get("padding", 0)),
                           pair(attrs.get("dilation", 1)), attrs.get("groups", 1), r, attrs.get("activation"),
                           attrs.get("alpha", 0.01))
-            tol = {"float16": 4e-3, "bfloat16": 2e-2}[dtype]
+            tol = {"float16": 4e-3, "bfloat16": 2e-2, "tf32": 8e-3}[dtype]
             for layout in ("nchw", "nhwc"):
                 xl = x.to(memory_format=CL) if layout == "nhwc" else x
                 rl = (r.to(memory_format=CL) if layout == "nhwc" else r) if has_r else None
                 for t in CHECK_TILES:
-                    s = sched(t)
+                    s = sched(t) if dtype != "tf32" else wg.schedule(*t[:4], split_k=t[4], bk=32)
                     try:
                         y = jitops.conv2d(xl, w, b, residual=rl, schedule=s, **attrs)
                         torch.cuda.synchronize()
@@ -94,6 +96,8 @@ def small_cases() -> None:
     for t in ((64, 64, 4, 0, 1), (128, 128, 4, 1, 1), (64, 64, 4, 0, 2), (128, 256, 4, 0, 1)):
         jitops.conv2d(x, w, b, padding=1, residual=r, activation="relu", schedule=sched(t))
         jitops.conv2d(xc, w.new_zeros(24, 32, 3, 3) + 0.01, None, padding=1, schedule=sched(t))
+        jitops.conv2d(x.float(), w.float(), b.float(), padding=1, precision="tf32",
+                      schedule=wg.schedule(*t[:4], split_k=t[4], bk=32))
     torch.cuda.synchronize()
     print("small cases done", flush=True)
 
@@ -140,14 +144,18 @@ def timed(xl, w, b, attrs, s) -> float | str:
 
 
 def problem_row(xs, ws, attrs, dtype, has_b, max_cands, check=True) -> dict:
+    """dtype "tf32": fp32 tensors with precision "tf32", against cuDNN with TF32."""
+    tf32 = dtype == "tf32"
+    if tf32:
+        dtype, attrs = "float32", {**attrs, "precision": "tf32"}
     x, w, b = conv_case(xs, ws, attrs, dtype, has_b)
     xl = x.to(memory_format=CL)
     spec = {"x": TensorSpec(xs, dtype, "nhwc"), "w": TensorSpec(ws, dtype),
             "bias": TensorSpec((ws[0],), dtype) if has_b else None}
     p = op.make_problem(spec, attrs)
     dev = jitops.get_backend().device
-    ven = vendor_times(x, w, b, attrs)
-    row = {"x": xs, "w": ws, "attrs": attrs, "dtype": dtype, "flops": p.flops, "vendor_us": ven}
+    ven = vendor_times(x, w, b, {k: v for k, v in attrs.items() if k != "precision"}, tf32=tf32)
+    row = {"x": xs, "w": ws, "attrs": attrs, "dtype": "tf32" if tf32 else dtype, "flops": p.flops, "vendor_us": ven}
     try:
         s_mma = op.heuristic(p, dev, mma.ALGORITHM)
         row["mma_pick"], row["mma_us"] = str(s_mma), timed(xl, w, b, attrs, s_mma)
@@ -253,7 +261,8 @@ def main() -> None:
                 ("bench", lambda: section_list(args.out, "bench", bench, tuple(args.dtypes.split(",")), bud * 0.35,
                                                args.max_cands)),
                 ("big", lambda: section_list(args.out, "big", big, ("float16",), bud * 0.55, args.max_cands)),
-                ("layers", lambda: section_list(args.out, "layers", layers(), ("float16",), bud, args.max_cands)))
+                ("layers", lambda: section_list(args.out, "layers", layers(), ("float16",), bud * 0.8, args.max_cands)),
+                ("tf32", lambda: section_list(args.out, "tf32", bench + big, ("tf32",), bud, args.max_cands)))
     for name, fn in sections:
         if name in skip and name != "sanitize":
             continue

@@ -158,7 +158,7 @@ def test_heuristic_uses_matrix_cores_for_half():
 
 
 def test_wgmma_only_on_hopper_and_half():
-    """The wgmma kernel needs sm_90 and fp16 / bf16: elsewhere a forced request names why; every
+    """The wgmma kernel needs sm_90 and fp16 / bf16 (or fp32 with precision "tf32"): elsewhere a forced request names why; every
     candidate it offers fits the device's shared memory and threads."""
     from jitops.errors import ScheduleError
     from jitops.ops import conv2d_wgmma as wg
@@ -170,8 +170,12 @@ def test_wgmma_only_on_hopper_and_half():
         op.heuristic(half, ampere, wg.ALGORITHM)
     fp32 = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float32"), "w": TensorSpec((96, 64, 3, 3), "float32"),
                             "bias": None}, {"padding": 1})
-    with pytest.raises(ScheduleError, match="float16 or bfloat16"):
+    with pytest.raises(ScheduleError, match="precision 'tf32'"):
         op.heuristic(fp32, hopper, wg.ALGORITHM)
+    tf32 = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float32", "nhwc"),
+                            "w": TensorSpec((96, 64, 3, 3), "float32"), "bias": None}, {"padding": 1, "precision": "tf32"})
+    s = op.heuristic(tf32, hopper, wg.ALGORITHM)
+    assert s["bk"] == 32                                   # 32 fp32 per 128-byte swizzled row
     cands = wg.candidates(half, hopper)
     assert len({wg.tile_of(s) for s in cands}) == len(wg.TILES)
     for s in cands:

@@ -135,8 +135,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     pool = [s for s in candidates(p, device) if s.algorithm != "naive"]
     if algorithm is None and wgmma.why_not(p, device) is None:
         # On sm_90 the wgmma kernel stands in for mma.sync (the tuner still times both): on 122
-        # problems (H100, 2026-11-24) mma.sync was >10% faster on 3, and the two cost models,
-        # fitted apart, picked mma.sync on 53 where it lost up to 1.3x (launch-bound layers).
+        # fp16 problems (H100, 2026-11-24) mma.sync was >10% faster on 3, and the two cost models,
+        # fitted apart, picked mma.sync on 53 where it lost up to 1.3x (launch-bound layers); in
+        # TF32 wgmma ran 2.4x faster on geometric mean (29 problems, never slower).
         pool = [s for s in pool if s.algorithm != mma.ALGORITHM]
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]

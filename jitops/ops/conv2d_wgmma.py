@@ -17,8 +17,7 @@ from .conv2d_mma import channels, k_padded, needs_nhwc_copy, plan_around, splits
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_wgmma"
-DTYPES = ("float16", "bfloat16")
-BK = 64
+DTYPES = ("float16", "bfloat16", "float32")    # fp32 only with precision "tf32"
 # (bm, bn, stages, producer): bm / 64 consumer warpgroups; producer adds a copying warpgroup.
 # 3-stage 128 x 128 and the 64-wide tiles leave room for two blocks per multiprocessor (one's
 # epilogue runs beside the other's main loop). The producer variant won only two 1x1 layers of 36
@@ -41,6 +40,10 @@ class WgmmaCost:
         (128, 128, 3, 0): 0.452, (64, 256, 4, 0): 0.458, (64, 128, 4, 0): 0.588, (128, 64, 4, 0): 0.553,
         (64, 64, 4, 0): 0.519, (128, 128, 4, 1): 0.385, (192, 128, 4, 1): 0.394})
     overhead_k: float = 229.9
+    # fp32 with precision "tf32": time per flop against the same tile in fp16. Nominally 2 (TF32
+    # runs at half the rate); 29 problems timed with every tile (H100, 2026-11-24) fit 3.2 (the
+    # same 128-byte rows carry half the K per stage, so the per-tile waits weigh twice).
+    tf32_math: float = 3.2
 
 
 COST = WgmmaCost()
@@ -55,14 +58,22 @@ def why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
     if not hopper(device):
         return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
     if p.dtype not in DTYPES:
-        return f"wgmma conv2d takes {' or '.join(DTYPES)} (got {p.dtype})"
+        return f"wgmma conv2d takes float16 or bfloat16, or float32 with precision 'tf32' (got {p.dtype})"
+    if p.dtype == "float32" and p.precision != "tf32":
+        return (f"wgmma conv2d takes float32 only with precision 'tf32' (got '{p.precision}': 'highest' keeps "
+                "the exact kernels, '3xtf32' the mma.sync kernel)")
     if p.groups > 1 and p.cin_g % 8:
         return f"grouped matrix-core conv2d needs a multiple of 8 input channels per group (got {p.cin_g})"
     return None
 
 
-def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "") -> Schedule:
-    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=BK, stages=stages, producer=producer,
+def bk_of(p: Conv2dProblem) -> int:
+    """K per stage: one 128-byte swizzled row (64 16-bit elements or 32 fp32)."""
+    return 128 // p.itemsize
+
+
+def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64) -> Schedule:
+    return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma")
 
 
@@ -73,7 +84,7 @@ def tile_of(s: Schedule) -> tuple[int, int, int, int]:
 def shared_bytes(bm: int, bn: int, stages: int) -> int:
     """The pipeline stages or the fp32 epilogue tile, whichever is larger (they share memory),
     plus 1024 bytes to align the swizzled stages."""
-    return max(stages * (bm + bn) * BK * 2, bm * (bn + 8) * 4) + 1024
+    return max(stages * (bm + bn) * 128, bm * (bn + 8) * 4) + 1024
 
 
 def threads_of(bm: int, producer: int) -> int:
@@ -92,7 +103,7 @@ def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo
         raise ScheduleError(f"wgmma tile {bm}x{bn}: {threads} threads exceed {device.max_threads_per_block}")
     smem = shared_bytes(bm, bn, stages)
     if smem > device.shared_per_block_optin:
-        raise ScheduleError(f"wgmma tile {bm}x{bn}x{BK}x{stages}: {smem} bytes of shared memory exceed "
+        raise ScheduleError(f"wgmma tile {bm}x{bn}, {stages} stages: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
     return threads
 
@@ -102,7 +113,7 @@ def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     bm, bn, stages, producer = tile
     threads = _check(p, tile, device)
     splits, _ = splits_of(p, s)
-    params = {"BM": bm, "BN": bn, "BK": BK, "STAGES": stages, "WG": bm // 64, "producer": producer,
+    params = {"BM": bm, "BN": bn, "BK": bk_of(p), "STAGES": stages, "WG": bm // 64, "producer": producer,
               "threads": threads}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     return plan_around(p, s, "conv2d/wgmma.hip.j2", "conv2d_implicit_gemm_wgmma", params, grid, threads,
@@ -111,7 +122,8 @@ def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 
 def _split_options(p: Conv2dProblem, bm: int, bn: int, device: DeviceInfo) -> list[int]:
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups
-    kt = k_padded(p, BK) // BK
+    bk = bk_of(p)
+    kt = k_padded(p, bk) // bk
     if blocks >= device.multiprocessors:
         return [1]
     return [1] + [s for s in (2, 3, 4, 6, 8) if kt // s >= 4 and blocks * s <= 2 * device.multiprocessors]
@@ -124,7 +136,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             _check(p, tile, device)
         except ScheduleError:
             continue
-        out += [schedule(*tile, split_k=k) for k in _split_options(p, tile[0], tile[1], device)]
+        out += [schedule(*tile, split_k=k, bk=bk_of(p)) for k in _split_options(p, tile[0], tile[1], device)]
     return out
 
 
@@ -136,7 +148,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     prm = prm or COST
     bm, bn, stages, producer = tile_of(s)
     peak_sm = 4096 * 1.83e9
-    rate = peak_sm * prm.tile_rate.get((bm, bn, stages, producer), 0.4)
+    rate = peak_sm * prm.tile_rate.get((bm, bn, stages, producer), 0.4) / (prm.tf32_math if p.dtype == "float32" else 1)
+    bk = bk_of(p)
     splits, per = splits_of(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
     threads = threads_of(bm, producer)
@@ -144,12 +157,13 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     resident = max(1, min(device.shared_per_multiprocessor // shared_bytes(bm, bn, stages),
                           device.registers_per_multiprocessor // (threads * regs)))
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
-    compute = waves * 2.0 * bm * bn * (per * BK + prm.overhead_k) / rate
+    # overhead_k is in 16-bit K elements (bytes per row).
+    compute = waves * 2.0 * bm * bn * (per * bk + prm.overhead_k * 2 / p.itemsize) / rate
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
-    w_bytes = p.cout * k_padded(p, BK) * isz
+    w_bytes = p.cout * k_padded(p, bk) * isz
     t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
     if needs_nhwc_copy(p):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
