@@ -250,8 +250,8 @@ def test_wgmma_matches_float64(gpu_backend, dtype, layout):
             r = r.to(memory_format=torch.channels_last)
         ref = ref + r.double()
         ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
-        for s in (schedule(128, 128, 4, 0), schedule(64, 64, 4, 0, split_k=2), schedule(128, 128, 4, 1),
-                  schedule(192, 128, 4, 1)):
+        for s in (schedule(128, 128, 4, 0), schedule(256, 128, 4, 0), schedule(64, 64, 4, 0, split_k=2),
+                  schedule(128, 128, 4, 1), schedule(192, 128, 4, 1)):
             y = jitops.conv2d(x, w, b, residual=r, schedule=s, **attrs)
             assert not torch.isnan(y).any(), s
             assert y.is_contiguous(memory_format=torch.channels_last if layout == "nhwc" else torch.contiguous_format)
