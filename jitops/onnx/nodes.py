@@ -46,6 +46,7 @@ class NodeProblem:
     # What the rewrite needs: the jitops node's inputs/outputs/attributes, new constants, inserted nodes.
     node_inputs: tuple[str, ...] = ()
     node_output: str = ""
+    node_extra_outputs: tuple[str, ...] = ()     # outputs after node_output (the Skip*Sum norms' sum)
     node_attrs: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     extra_nodes: list[Any] = field(default_factory=list, repr=False)
@@ -138,7 +139,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     return NodeProblem(
         nodes=tuple(_node_id(n) for n in cand.nodes), onnx_ops=tuple(n.op_type for n in cand.nodes),
         op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
-        node_inputs=tuple(cand.inputs), node_output=cand.output, node_attrs=dict(cand.attrs),
+        node_inputs=tuple(cand.inputs), node_output=cand.output, node_extra_outputs=tuple(cand.extra_outputs),
+        node_attrs=dict(cand.attrs),
         constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes),
         dynamic={n: tuple(s) for n, s in dynamic.items()})
 

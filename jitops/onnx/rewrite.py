@@ -31,7 +31,8 @@ def _jitops_node(p: NodeProblem, inputs: list[str] | None = None, output: str | 
         inputs.pop()
     attrs = {k: v for k, v in p.node_attrs.items() if k in {a.name for a in t.attrs}}
     name = "jitops/" + "+".join(p.nodes)
-    return helper.make_node(t.name, inputs, [output or p.node_output], name=name, domain=DOMAIN, **attrs)
+    return helper.make_node(t.name, inputs, [output or p.node_output, *p.node_extra_outputs], name=name,
+                            domain=DOMAIN, **attrs)
 
 
 def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
