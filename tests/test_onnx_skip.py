@@ -130,3 +130,29 @@ def test_residual_rms_norm_opset23(rng):
     model.ir_version = 11
     feeds = {n: rng.standard_normal((B, S, D)).astype(np.float32) for n in ("a", "r")}
     _check(model, feeds, "float32", ["SkipRmsNormSum"])
+
+
+def test_jitops_outputs_keep_their_shapes_for_ort(rng):
+    """The rewrite declares the jitops nodes' outputs (value_info as onnx inferred them on the source):
+    ORT cannot infer through a custom op, and its fusions after one need the shapes."""
+    rw = jo.rewrite(block_model(rng))
+    declared = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in rw.graph.value_info}
+    assert declared.get("s") == [B, S, D]
+
+
+def test_ort_still_fuses_bias_gelu_after_a_jitops_node(tmp_path):
+    """ORT's own optimizer on the rewritten tiny BERT block (CPU EP): the MLP's Add(bias) + Gelu after
+    the jitops norm still becomes BiasGelu (it did not before the outputs were declared)."""
+    pytest.importorskip("torch")
+    import warnings
+    from jitops.onnx import corpus
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = onnx.load_from_string(corpus.export("bert", 17))
+    rw = jo.rewrite(model)
+    assert "SkipBiasLayerNorm" in {n.op_type for n in rw.graph.node}
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    jo.session(rw, providers=["CPUExecutionProvider"], rewrite=False, options=opts, backend="cpu")
+    fused = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    assert "BiasGelu" in fused, sorted(fused)
