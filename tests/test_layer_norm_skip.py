@@ -126,3 +126,19 @@ def test_skip_errors(emu, rng):
         jitops.layer_norm(x, 16, return_sum=True)
     with pytest.raises(ArgumentError, match="out"):
         jitops.layer_norm(x, 16, residual=x, return_sum=True, out=np.empty_like(x))
+
+
+def test_pointer_runner_two_outputs(emu, rng):
+    """The path ORT's GPU providers take (pointers by input and output name): y and sum both written."""
+    from jitops.pointer_runner import pointer_runner
+    prob = skip_problem("layer_norm", (4, 64))
+    op = get_op("layer_norm")
+    ins = op.random_inputs(prob, rng)
+    ref = op.reference(prob, ins)
+    y = np.full(prob.shape, np.nan, np.float32)
+    s = np.full(prob.shape, np.nan, np.float32)
+    attrs = {"normalized_shape": (64,), "eps": prob.eps, "return_sum": True}
+    run = pointer_runner("layer_norm", prob.inputs(), attrs, emu)
+    run({**{k: v.ctypes.data for k, v in ins.items()}, "y": y.ctypes.data, "sum": s.ctypes.data}, 0)
+    np.testing.assert_array_equal(s, ref["sum"])
+    assert rel_error(y, ref["y"]) <= 4e-6

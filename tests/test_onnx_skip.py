@@ -156,3 +156,24 @@ def test_ort_still_fuses_bias_gelu_after_a_jitops_node(tmp_path):
     jo.session(rw, providers=["CPUExecutionProvider"], rewrite=False, options=opts, backend="cpu")
     fused = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
     assert "BiasGelu" in fused, sorted(fused)
+
+
+def test_residual_decomposed_rms_norm(rng):
+    """Llama's "h = x + attn; rms_norm(h)" as exporters write RMSNorm out, h read again after the norm."""
+    inits = [_init("gamma", (1 + 0.3 * rng.standard_normal(D)).astype(np.float32)),
+             _init("two", np.array(2.0, np.float32)), _init("eps", np.array(1e-6, np.float32))]
+    nodes = [helper.make_node("Add", ["a", "r"], ["s"]),
+             helper.make_node("Pow", ["s", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]),
+             helper.make_node("Sqrt", ["mse"], ["rt"]),
+             helper.make_node("Reciprocal", ["rt"], ["inv"]),
+             helper.make_node("Mul", ["s", "inv"], ["n"]),
+             helper.make_node("Mul", ["n", "gamma"], ["y"]),
+             helper.make_node("Add", ["s", "y"], ["out"])]
+    g = helper.make_graph(nodes, "rms", [tensor_info("a", (B, S, D)), tensor_info("r", (B, S, D))],
+                          [tensor_info("out", (B, S, D))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {n: rng.standard_normal((B, S, D)).astype(np.float32) for n in ("a", "r")}
+    _check(model, feeds, "float32", ["SkipRmsNormSum"])
