@@ -109,9 +109,10 @@ def test_skip_returns_pair_and_misaligned(emu, rng):
     ref = get_op("layer_norm").reference(prob, ins)
     big = np.concatenate([np.zeros(1, np.float32), ins["residual"].reshape(-1)])
     residual = big[1:].reshape(ins["residual"].shape)      # 4-byte aligned only
-    y, s = jitops.layer_norm(ins["x"], 33, ins["gamma"], ins["beta"], residual=residual, return_sum=True)
-    np.testing.assert_array_equal(s, ref["sum"])
-    assert rel_error(y, ref["y"]) <= 4e-6
+    for _ in range(2):      # the second call takes the repeat path (native entry) when it exists
+        y, s = jitops.layer_norm(ins["x"], 33, ins["gamma"], ins["beta"], residual=residual, return_sum=True)
+        np.testing.assert_array_equal(s, ref["sum"])
+        assert rel_error(y, ref["y"]) <= 4e-6
 
 
 def test_skip_errors(emu, rng):
