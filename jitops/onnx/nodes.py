@@ -169,6 +169,9 @@ def probe_shapes(op: str, shapes: Mapping[str, tuple[int | None, ...] | None], a
             axis = axis + len(x) if axis < 0 else axis
             if 0 <= axis <= len(x) and len(x) - axis == len(p):
                 x[axis:] = [d if d is not None else pd for d, pd in zip(x[axis:], p)]
+            r = out.get("residual")     # the Skip* norms: the residual has x's shape
+            if r is not None and len(r) == len(x):
+                out["residual"] = [d if d is not None else xd for d, xd in zip(r, x)]
         elif len(x) > 1 and x[1] is None and len(p) == 1:
             x[1] = p[0]
     if op == "attention":
