@@ -4,7 +4,8 @@ two-kernel form F.layer_norm(x + r [+ bias]) on the same tensors; also the path 
 add, then jitops' plain layer_norm). fp16 / bf16 / fp32 at the ViT / BERT / Llama widths 768 / 1024 / 4096.
 
     python3 scripts/device_layer_norm_skip.py --out DIR          # checks + CUDA-graph timings -> DIR/layer_norm_skip.json
-    python3 scripts/device_layer_norm_skip.py --sanitize         # one small case per rows strategy (compute-sanitizer)
+    python3 scripts/device_layer_norm_skip.py --sanitize --dtypes float16   # one small case per rows strategy
+    compute-sanitizer --tool memcheck python3 scripts/device_layer_norm_skip.py --sanitize --dtypes float16
     python3 scripts/device_layer_norm_skip.py --dry --out DIR    # the same logic on the CPU emulator, tiny shapes
 
 Every timed case is first checked (outputs poisoned with NaN): the sum bit-exact against the sum formed
@@ -151,11 +152,12 @@ def schedule_text(kind, x, r, gamma, beta, bias, eps, with_sum) -> str:
     return f"{sched} [{origin}]"
 
 
-def sanitize(dev) -> int:
+def sanitize(dev, dtypes) -> int:
     """One small case per rows strategy (warp, block regs / smem, persistent prefetch, stream, split,
-    naive), fp16 and fp32, with the sum output: for compute-sanitizer memcheck / racecheck."""
+    naive) with the sum output, per dtype: for compute-sanitizer memcheck / racecheck (run it once
+    without the sanitizer first: the kernels are then loaded from the disk cache, not compiled)."""
     bad = 0
-    for dtype in ("float16", "float32"):
+    for dtype in dtypes:
         x, r, gamma, beta, bias = make(9, 256, dtype, dev)
         for sched in (None, "warp", "block", "stream", "split", "naive"):
             c = check_case("layer", x, r, gamma, beta, bias, 1e-5, True, sched)
@@ -194,7 +196,7 @@ def main() -> int:
 def run(args) -> int:
     dev = "cpu" if args.dry else "cuda"
     if args.sanitize:
-        return sanitize(dev)
+        return sanitize(dev, args.dtypes.split(","))
     os.makedirs(args.out, exist_ok=True)
     timer = Timer(torch)
     start = time.time()
