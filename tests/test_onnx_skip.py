@@ -83,8 +83,6 @@ def _check(model, feeds, dtype, expect_types):
     return rw
 
 
-# (fp16 below opset 15 is left out: the LayerNorm fallback body there has no CastLike and adds a
-# float32 epsilon to fp16 data, a limitation of the plain LayerNorm body too)
 @pytest.mark.parametrize("opset,dtype", [(17, "float32"), (17, "float16"), (13, "float32")])
 def test_bias_residual_layer_norm_with_sum(rng, opset, dtype):
     model = block_model(rng, dtype, opset)
@@ -177,3 +175,14 @@ def test_residual_decomposed_rms_norm(rng):
     model.ir_version = 8
     feeds = {n: rng.standard_normal((B, S, D)).astype(np.float32) for n in ("a", "r")}
     _check(model, feeds, "float32", ["SkipRmsNormSum"])
+
+
+def test_half_norm_below_opset_15_stays_onnx(rng):
+    """fp16 at opset 13: the spelled-out fallback body would add a float32 epsilon to fp16 data
+    (no CastLike before opset 15), so the norm and its Adds stay ONNX, with that reason."""
+    model = block_model(rng, "float16", 13)
+    groups = jo.map_nodes(model)
+    assert not any(p.supported for p in groups)
+    assert any("needs opset >= 15" in p.reason for p in groups), [p.describe() for p in groups]
+    rw = jo.rewrite(model)
+    assert not [n for n in rw.graph.node if n.domain == "jitops"]
