@@ -25,11 +25,8 @@ import numpy as np
 from .graph import GraphView
 from .matchers import ONNX_DOMAINS, Candidate, Match, Namer
 
-# Plain norm type -> its residual forms: (type without bias, with bias) x (sum output or not).
-SKIP_TYPES = {"LayerNorm": "LayerNorm", "RmsNorm": "RmsNorm"}
-
-
 def skip_type(base: str, bias: bool, with_sum: bool) -> str:
+    """The node type of a residual form of `base` (optypes._skip_norms declares them)."""
     return f"Skip{'Bias' if bias else ''}{base}{'Sum' if with_sum else ''}"
 
 
