@@ -136,26 +136,49 @@ def group_norm(x: Any, num_groups: int, gamma: Any, beta: Any, eps: float = 1e-5
                       schedule=schedule)
 
 
+def _norm_out(out: Any, return_sum: bool) -> dict[str, Any] | None:
+    """`out` of a norm: y, or with return_sum a pair (y, sum) (either may be None)."""
+    if out is None:
+        return None
+    if not return_sum:
+        return {"y": out}
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        from .errors import ArgumentError
+        raise ArgumentError("out", "a pair (y, sum) when return_sum=True", type(out).__name__)
+    return {"y": out[0], "sum": out[1]}
+
+
 def layer_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, beta: Any = None,
-               eps: float = 1e-5, *, out: Any = None, schedule: ScheduleArg = None) -> Any:
+               eps: float = 1e-5, *, residual: Any = None, bias: Any = None, return_sum: bool = False,
+               out: Any = None, schedule: ScheduleArg = None) -> Any:
     """Layer norm over the trailing `normalized_shape` dims; fp32, fp16 or bf16 x (fp32 statistics),
-    gamma / beta in x's dtype or fp32."""
+    gamma / beta in x's dtype or fp32.
+
+    residual (x's shape and dtype) and bias (`normalized_shape`, x's dtype or fp32): normalize
+    s = x + residual + bias instead of x, one kernel (ONNX's SkipLayerNormalization, a transformer's
+    post-attention Add + LayerNorm). s is added in fp32 and rounded to x's dtype before the
+    statistics, as torch's F.layer_norm(x + residual) sees it. return_sum=True returns (y, s): the
+    next residual branch reads s. out: y, or the pair (y, s) with return_sum."""
     if out is None and schedule is None and (y := repeat_call(
-            "layer_norm", (x, gamma, beta), (normalized_shape, eps))) is not MISS:
+            "layer_norm", (x, gamma, beta, residual, bias), (normalized_shape, eps, return_sum))) is not MISS:
         return y
-    return engine.run("layer_norm", {"x": x, "gamma": gamma, "beta": beta},
-                      {"normalized_shape": normalized_shape, "eps": eps}, out=_out("y", out), schedule=schedule)
+    return engine.run("layer_norm", {"x": x, "gamma": gamma, "beta": beta, "residual": residual, "bias": bias},
+                      {"normalized_shape": normalized_shape, "eps": eps, "return_sum": return_sum},
+                      out=_norm_out(out, return_sum), schedule=schedule)
 
 
 def rms_norm(x: Any, normalized_shape: int | Sequence[int], gamma: Any = None, eps: float = 1e-6, *,
+             residual: Any = None, bias: Any = None, return_sum: bool = False,
              out: Any = None, schedule: ScheduleArg = None) -> Any:
     """RMS norm over the trailing `normalized_shape` dims; fp32, fp16 or bf16 x (fp32 accumulation),
-    gamma in x's dtype or fp32."""
+    gamma in x's dtype or fp32. residual / bias / return_sum as in layer_norm (Llama's
+    "h = h + attn; x = rms_norm(h)" in one kernel: return_sum=True gives (y, h))."""
     if out is None and schedule is None and (y := repeat_call(
-            "rms_norm", (x, gamma), (normalized_shape, eps))) is not MISS:
+            "rms_norm", (x, gamma, residual, bias), (normalized_shape, eps, return_sum))) is not MISS:
         return y
-    return engine.run("rms_norm", {"x": x, "gamma": gamma}, {"normalized_shape": normalized_shape, "eps": eps},
-                      out=_out("y", out), schedule=schedule)
+    return engine.run("rms_norm", {"x": x, "gamma": gamma, "residual": residual, "bias": bias},
+                      {"normalized_shape": normalized_shape, "eps": eps, "return_sum": return_sum},
+                      out=_norm_out(out, return_sum), schedule=schedule)
 
 
 # The public functions as native entries (C callables that run a repeat call with no Python frame,

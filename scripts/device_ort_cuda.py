@@ -2,6 +2,11 @@
 against the same model rewritten for jitops (`jo.session`), in one run (issue 17).
 
     python3 scripts/device_ort_cuda.py --out DIR [--budget-s 200] [--cases resnet50:1,...] [--dtypes float32,float16]
+        [--variants default,no_skip]
+
+    # a dry run of the whole script on the CPU EP (jitops on the emulator), tiny corpus models:
+    python3 scripts/device_ort_cuda.py --provider cpu --cases corpus_bert:2,corpus_vit:1 --dtypes float32 \
+        --variants default,no_skip --reps 2 --out /tmp/ort_dry
 
 Needs onnxruntime-gpu (scripts/device_ort_gpu.sh installs the carried wheel). Each case exports the
 torchvision model (or the BERT-base-style encoder) with a symbolic batch, builds both sessions on
@@ -26,6 +31,10 @@ BERT_SEQ = 128
 
 
 def feeds_for(name: str, batch: int, dtype: str) -> dict[str, np.ndarray]:
+    if name.startswith("corpus_"):
+        from jitops.onnx import corpus
+        sizes = {"x_0": batch, "mask_0": batch, "x_1": 8, "mask_1": 8} if name == "corpus_bert" else {"x_0": batch}
+        return {k: v.astype(dtype) for k, v in corpus.example_inputs(name[7:], seed=batch, **sizes).items()}
     rng = np.random.default_rng(batch)
     if name == "bert_base":
         mask = np.ones((batch, BERT_SEQ), dtype)
@@ -37,11 +46,11 @@ def feeds_for(name: str, batch: int, dtype: str) -> dict[str, np.ndarray]:
 class Bound:
     """A session with device-resident inputs and outputs bound (io_binding): no host copy is timed."""
 
-    def __init__(self, ort, sess, feeds: dict[str, np.ndarray]):
+    def __init__(self, ort, sess, feeds: dict[str, np.ndarray], device: str = "cuda"):
         self.sess, self.binding = sess, sess.io_binding()
         for k, v in feeds.items():
-            self.binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
-        self.binding.bind_output(sess.get_outputs()[0].name, "cuda")
+            self.binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, device, 0))
+        self.binding.bind_output(sess.get_outputs()[0].name, device)
         t0 = time.perf_counter()
         self.run()
         self.first_s = time.perf_counter() - t0
@@ -68,22 +77,41 @@ def take_turns(bound: dict[str, Bound], reps: int, warmup: int = 3) -> dict[str,
 
 
 # Rewrite variants compared in one run (--variants): what each fusion and the layout pass are worth.
-VARIANTS = {"default": {}, "nchw": {"layout": "nchw"}, "no_residual": {"residual": False}}
+# no_skip: the residual Add [+ bias Add] stays ONNX in front of a jitops LayerNorm / RmsNorm (the
+# rewrite before skip_patterns.py); no_norm: jitops takes no norm at all, ORT forms its own
+# SkipLayerNormalization (what the residual forms compete with).
+VARIANTS = {"default": {}, "nchw": {"layout": "nchw"}, "no_residual": {"residual": False},
+            "no_skip": {"skip": False}, "no_norm": {"norms": False}}
 
 
-def rewritten(data: bytes, ops: list[str] | None, variant: str):
+def rewritten(data: bytes, ops: list[str] | None, variant: str, transformer: bool = False):
+    """The model rewritten for one variant; fails loudly when a variant's knob did not do what it
+    says (a transformer's default rewrite with no residual norm, a no_skip rewrite with one)."""
     import onnx
 
     import jitops.onnx as jo
-    from jitops.onnx import matchers
+    from jitops.onnx import matchers, skip_patterns
     args = dict(VARIANTS[variant])
-    keep = matchers._residual_add
-    if args.pop("residual", True) is False:       # an experiment knob, not an API: Conv+Add left to ORT
+    keep, keep_skip = matchers._residual_add, skip_patterns._skip_forms
+    # experiment knobs, not an API: Conv+Add left to ORT; the residual forms of the norms off
+    if args.pop("residual", True) is False:
         matchers._residual_add = lambda view, cand: None
+    if args.pop("skip", True) is False:
+        skip_patterns._skip_forms = lambda *a: iter(())
+    if args.pop("norms", True) is False:
+        ops = sorted({t.op for t in jo.OP_TYPES.values()} - {"layer_norm", "rms_norm"} if ops is None
+                     else set(ops) - {"layer_norm", "rms_norm"})
     try:
-        return jo.rewrite(onnx.load_from_string(data), ops=ops, **args)
+        model = jo.rewrite(onnx.load_from_string(data), ops=ops, **args)
     finally:
-        matchers._residual_add = keep
+        matchers._residual_add, skip_patterns._skip_forms = keep, keep_skip
+    types = [n.op_type for n in model.graph.node if n.domain == "jitops"]
+    skip_types = [t for t in types if t.startswith("Skip")]
+    if variant == "default" and transformer and (ops is None or "layer_norm" in ops) and not skip_types:
+        raise RuntimeError(f"default rewrite of a transformer took no residual norm: {types}")
+    if variant in ("no_skip", "no_norm") and skip_types:
+        raise RuntimeError(f"variant {variant} still has {skip_types}: the knob did not apply")
+    return model
 
 
 def placement(ort, make, out_dir: str, tag: str) -> tuple[object, dict]:
@@ -106,28 +134,38 @@ def placement(ort, make, out_dir: str, tag: str) -> tuple[object, dict]:
                   "fused_types": sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})}
 
 
+def export_model(name: str, dtype: str) -> bytes:
+    if name.startswith("corpus_"):      # tiny corpus models (dry runs on the CPU)
+        from jitops.onnx import corpus
+        return corpus.export(name[7:], 17, dtype=dtype)
+    from onnx_models import export
+    return export(name, 17)[0] if dtype == "float32" else export(name, 17, dtype=dtype, device="cuda")[0]
+
+
 def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] | None = None,
-             variants: tuple[str, ...] = ("default",), out_dir: str = ".") -> dict:
+             variants: tuple[str, ...] = ("default",), out_dir: str = ".", provider: str = "cuda") -> dict:
     import jitops.onnx as jo
     from jitops.onnx.testing import max_rel_error
-    from onnx_models import export
-    data32, _ = export(name, 17)
-    data = data32 if dtype == "float32" else export(name, 17, dtype=dtype, device="cuda")[0]
+    data32 = export_model(name, "float32")
+    data = data32 if dtype == "float32" else export_model(name, dtype)
     feeds = feeds_for(name, batch, dtype)
     ref = ort.InferenceSession(data32, providers=["CPUExecutionProvider"]).run(
         None, {k: v.astype(np.float32) for k, v in feeds.items()})[0]
-    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"] if provider == "cuda" \
+        else ["CPUExecutionProvider"]
+    device = "cuda" if provider == "cuda" else "cpu"
+    extra = {} if provider == "cuda" else {"backend": "cpu"}
     tag = f"{name}_{batch}_{dtype}"
     native, graphs = placement(ort, lambda o: ort.InferenceSession(data, sess_options=o, providers=cuda), out_dir, tag)
-    bound = {"ort": Bound(ort, native, feeds)}
+    bound = {"ort": Bound(ort, native, feeds, device)}
     places = {"ort": graphs}
     nodes = {}
     for v in variants:
-        model = rewritten(data, ops, v)
+        model = rewritten(data, ops, v, transformer=any(k in name for k in ("bert", "vit")))
         nodes[v] = sum(n.domain == "jitops" for n in model.graph.node)
-        sess, places[v] = placement(ort, lambda o: jo.session(model, providers=cuda, rewrite=False, options=o),
-                                    out_dir, f"{tag}_{v}")
-        bound[v] = Bound(ort, sess, feeds)
+        sess, places[v] = placement(ort, lambda o: jo.session(model, providers=cuda, rewrite=False, options=o,
+                                                              **extra), out_dir, f"{tag}_{v}")
+        bound[v] = Bound(ort, sess, feeds, device)
     ms = take_turns(bound, reps)
     y_ort = bound["ort"].output().astype(np.float32)
     r = {"model": name, "batch": batch, "dtype": dtype, "ops": ops or "all", "ort_cuda_ms": round(ms["ort"], 3),
@@ -146,18 +184,27 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--cases", default="resnet50:1,resnet50:8,vit_b_16:1,vit_b_16:8,bert_base:8")
+    ap.add_argument("--cases", default="resnet50:1,resnet50:8,vit_b_16:1,vit_b_16:8,bert_base:1,bert_base:8",
+                    help="model:batch,... (torchvision models, bert_base; corpus_bert / corpus_vit: tiny ones)")
+    ap.add_argument("--provider", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: a dry run on the CPU EP with jitops on the emulator (tiny corpus models)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 at the first failed case (dry runs)")
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--json", default="device_ort_cuda.json", help="file name under --out")
     ap.add_argument("--variants", default="default", help=f"rewrites to compare, of {','.join(VARIANTS)}")
     ap.add_argument("--ops", action="append", help="take only these jitops ops (repeatable; default: all); "
                     "'--ops all --ops attention --ops layer_norm' runs a case once per entry, to attribute time")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     import onnxruntime as ort
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()      # the CUDA EP's cuDNN / cuBLAS from the nvidia-* wheels beside torch
     print("onnxruntime", ort.__version__, ort.get_available_providers(), flush=True)
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
+    for v in args.variants.split(","):
+        if v not in VARIANTS:
+            print(f"unknown variant {v!r} (of {', '.join(VARIANTS)})", flush=True)
+            return 1
+    if args.provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         print("no CUDA execution provider", flush=True)
         return 1
     start = time.perf_counter()
@@ -169,8 +216,11 @@ def main() -> int:
                 r = {"model": name, "batch": batch, "dtype": dtype, "skipped": "time budget"}
             else:
                 try:
-                    r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")), args.out)
+                    r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")), args.out,
+                                 args.provider)
                 except Exception as exc:  # reported; the other cases still run
+                    if args.strict:
+                        raise
                     r = {"model": name, "batch": batch, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"[:1500]}
             results.append(r)
             print(json.dumps(r), flush=True)

@@ -83,11 +83,12 @@ def call(op_name: str, problem: Any, ins: dict[str, Any], out: Any = None, sched
     if op_name == "group_norm":
         return jitops.group_norm(ins["x"], problem.groups, ins.get("gamma"), ins.get("beta"), eps=problem.eps,
                                  layout=layout, out=out, schedule=schedule)
+    skip = {"residual": ins.get("residual"), "bias": ins.get("bias"), "return_sum": bool(problem.has_sum)}
     if op_name == "layer_norm":
         return jitops.layer_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), ins.get("beta"),
-                                 eps=problem.eps, out=out, schedule=schedule)
+                                 eps=problem.eps, out=out, schedule=schedule, **skip)
     return jitops.rms_norm(ins["x"], problem.normalized_shape, ins.get("gamma"), eps=problem.eps, out=out,
-                           schedule=schedule)
+                           schedule=schedule, **skip)
 
 
 def torch_reference(op_name: str, problem: Any, ins: dict[str, Any]) -> Any:

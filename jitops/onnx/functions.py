@@ -158,6 +158,21 @@ def _rms_norm(t: OpType, opset: int) -> list[Any]:
     return [_node("RMSNormalization", ["X", "scale"], ["Y"], (_ref("axis", "int"), _ref("epsilon", "float")))]
 
 
+def _skip_norm(t: OpType, opset: int) -> list[Any]:
+    """Skip*Norm types: S = X + R [+ bias] in X's type (as the replaced Adds computed it), then the
+    norm of S; the *Sum types return S as well."""
+    if "bias" in t.inputs:
+        head = [_node("Add", ["X", "R"], ["xr"]), _node("Add", ["xr", "SB"], ["S"])]
+    else:
+        head = [_node("Add", ["X", "R"], ["S"])]
+    body = _layer_norm(t, opset) if t.op == "layer_norm" else _rms_norm(t, opset)
+    for n in body:
+        for i, name in enumerate(n.input):
+            if name == "X":
+                n.input[i] = "S"
+    return head + body
+
+
 def _leaky_relu(t: OpType, opset: int) -> list[Any]:
     return [_node("LeakyRelu", ["X"], ["Y"], (_ref("alpha", "float"),))]
 
@@ -198,9 +213,14 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     (`attention_op`: the attention nodes of this type replaced ONNX Attention-23 nodes)."""
     from onnx import helper
     t = OP_TYPES[type_name]
-    inputs = [_FORMAL[n] for n in t.inputs]
-    body = _attention(t, opset, attention_op) if t.op == "attention" else _BODIES[t.op](t, opset)
-    return helper.make_function(DOMAIN, t.name, inputs, ["Y"], body,
+    skip = "residual" in t.inputs and t.op in ("layer_norm", "rms_norm")
+    inputs = [("SB" if skip and n == "bias" else _FORMAL[n]) for n in t.inputs]   # B is beta there
+    if t.op == "attention":
+        body = _attention(t, opset, attention_op)
+    else:
+        body = _skip_norm(t, opset) if skip else _BODIES[t.op](t, opset)
+    outputs = ["Y", "S"] if "sum" in t.outputs else ["Y"]
+    return helper.make_function(DOMAIN, t.name, inputs, outputs, body,
                                 [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],
                                 doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
                                            f"where the jitops custom ops are not registered")

@@ -31,6 +31,7 @@ class Candidate:
     constants: dict[str, np.ndarray] = field(default_factory=dict)   # new initializers
     extra_nodes: list[Any] = field(default_factory=list)             # inserted before the jitops node
     values: dict[str, tuple[tuple[int, ...] | None, str]] = field(default_factory=dict)  # new value types
+    extra_outputs: list[str] = field(default_factory=list)           # the node's outputs after `output`
 
 
 @dataclass
@@ -323,20 +324,22 @@ def match_leaky_relu(view: GraphView, node: Any, fuse: bool, namer: Namer) -> It
 # Pattern matchers live in their own modules and import the types above.
 from .attention_patterns import match_attention_op, match_softmax_attention  # noqa: E402
 from .patterns import match_decomposed_group_norm, match_decomposed_layer_norm, match_decomposed_rms_norm  # noqa: E402
+from .skip_patterns import skipped  # noqa: E402
 
 MATCHERS: dict[str, Matcher] = {
     "Conv": match_conv,
     "BatchNormalization": match_batch_norm,
     "GroupNormalization": match_group_norm,
-    "LayerNormalization": match_layer_norm,
-    "RMSNormalization": match_rms_norm,
+    # the norms with the residual Add in front (ORT's SkipLayerNormalization; skip_patterns.py)
+    "LayerNormalization": skipped(match_layer_norm, "LayerNorm"),
+    "RMSNormalization": skipped(match_rms_norm, "RmsNorm"),
     "LeakyRelu": match_leaky_relu,
     "Attention": match_attention_op,
     "Softmax": match_softmax_attention,
     # as exporters write them in standard ops (patterns.py)
-    "ReduceMean": match_decomposed_layer_norm,
-    "Pow": match_decomposed_rms_norm,
-    "Mul": match_decomposed_rms_norm,
+    "ReduceMean": skipped(match_decomposed_layer_norm, "LayerNorm"),
+    "Pow": skipped(match_decomposed_rms_norm, "RmsNorm"),
+    "Mul": skipped(match_decomposed_rms_norm, "RmsNorm"),
     "InstanceNormalization": match_decomposed_group_norm,
 }
 

@@ -46,6 +46,7 @@ class NodeProblem:
     # What the rewrite needs: the jitops node's inputs/outputs/attributes, new constants, inserted nodes.
     node_inputs: tuple[str, ...] = ()
     node_output: str = ""
+    node_extra_outputs: tuple[str, ...] = ()     # outputs after node_output (the Skip*Sum norms' sum)
     node_attrs: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     extra_nodes: list[Any] = field(default_factory=list, repr=False)
@@ -122,6 +123,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in probed.items()}
     if not reason:
         reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
+    if not reason:
+        reason = _fallback_dtype(view, t.op, specs)
     problem, attrs = None, {}
     if not reason:
         try:
@@ -138,9 +141,25 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     return NodeProblem(
         nodes=tuple(_node_id(n) for n in cand.nodes), onnx_ops=tuple(n.op_type for n in cand.nodes),
         op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
-        node_inputs=tuple(cand.inputs), node_output=cand.output, node_attrs=dict(cand.attrs),
+        node_inputs=tuple(cand.inputs), node_output=cand.output, node_extra_outputs=tuple(cand.extra_outputs),
+        node_attrs=dict(cand.attrs),
         constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes),
         dynamic={n: tuple(s) for n, s in dynamic.items()})
+
+
+# Norm fallback bodies spelled out in standard ops below these opsets (functions.py)
+_SPELLED_OUT_BELOW = {"layer_norm": 17, "rms_norm": 23, "group_norm": 21}
+
+
+def _fallback_dtype(view: GraphView, op: str, specs: Mapping[str, TensorSpec | None]) -> str:
+    """Before opset 15 (no CastLike) a spelled-out norm body computes in x's type and adds a float32
+    epsilon: valid ONNX only for float32 data. Other dtypes stay ONNX there ('' when fine)."""
+    x = specs.get("x")
+    below = _SPELLED_OUT_BELOW.get(op)
+    if x is None or below is None or view.opset >= 15 or view.opset >= below or x.dtype == "float32":
+        return ""
+    return (f"a {x.dtype} {op} needs opset >= 15 (its fallback body at opset {view.opset} has no CastLike "
+            "and could not run without jitops)")
 
 
 def probe_shapes(op: str, shapes: Mapping[str, tuple[int | None, ...] | None], attrs: Mapping[str, Any]
@@ -167,6 +186,9 @@ def probe_shapes(op: str, shapes: Mapping[str, tuple[int | None, ...] | None], a
             axis = axis + len(x) if axis < 0 else axis
             if 0 <= axis <= len(x) and len(x) - axis == len(p):
                 x[axis:] = [d if d is not None else pd for d, pd in zip(x[axis:], p)]
+            r = out.get("residual")     # the Skip* norms: the residual has x's shape
+            if r is not None and len(r) == len(x):
+                out["residual"] = [d if d is not None else xd for d, xd in zip(r, x)]
         elif len(x) > 1 and x[1] is None and len(p) == 1:
             x[1] = p[0]
     if op == "attention":

@@ -94,8 +94,12 @@ def _trailing(a: Mapping[str, Any], shapes: Mapping[str, Any]) -> tuple[int, ...
 
 
 def _row_norm(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
-    """layer_norm and rms_norm: the dims from `axis` on are normalized."""
-    return {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
+    """layer_norm and rms_norm: the dims from `axis` on are normalized (the Skip* types: of
+    x + residual [+ bias], with the sum as a second output in the *Sum types)."""
+    out = {"normalized_shape": _trailing(a, shapes), "eps": float(a["epsilon"])}
+    if "return_sum" in t.fixed:
+        out["return_sum"] = bool(t.fixed["return_sum"])
+    return out
 
 
 def _leaky_relu(t: OpType, a: Mapping[str, Any], shapes: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,6 +129,21 @@ def _variants(base: str, op: str, inputs: tuple[str, ...], optional: frozenset[s
                    {"activation": "leaky_relu", **fixed})]
 
 
+_NORM_ATTRS = (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5))
+
+
+def _skip_norms(base: str, op: str, params: tuple[str, ...], optional: frozenset[str]) -> list[OpType]:
+    """Skip[Bias]<base>[Sum]: the norm of x + residual [+ bias] (ONNX Add [Add] -> norm, ORT's
+    SkipLayerNormalization), the sum as a second output in the Sum types (its other readers)."""
+    out = []
+    for bias in (False, True):
+        for with_sum in (False, True):
+            name = f"Skip{'Bias' if bias else ''}{base}{'Sum' if with_sum else ''}"
+            out.append(OpType(name, op, ("x", "residual", *params, *(("bias",) if bias else ())), optional,
+                              _NORM_ATTRS, {"return_sum": with_sum}, ("y", "sum") if with_sum else ("y",)))
+    return out
+
+
 OP_TYPES: dict[str, OpType] = {t.name: t for t in [
     *_variants("Conv2d", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS),
     # Conv (+ BatchNormalization) + Add of a same-shaped tensor (+ activation): ResNet's shortcut.
@@ -140,6 +159,8 @@ OP_TYPES: dict[str, OpType] = {t.name: t for t in [
            (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5))),
     OpType("RmsNorm", "rms_norm", ("x", "gamma"), frozenset(),
            (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5))),
+    *_skip_norms("LayerNorm", "layer_norm", ("gamma", "beta"), frozenset({"beta"})),
+    *_skip_norms("RmsNorm", "rms_norm", ("gamma",), frozenset()),
     OpType("LeakyRelu", "leaky_relu", ("x",), frozenset(), (_ALPHA,)),
     # Two attention types: a function body cannot skip an absent mask, so the masked one is its own type.
     OpType("Attention", "attention", ("q", "k", "v"), frozenset(),

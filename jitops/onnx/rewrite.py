@@ -31,7 +31,8 @@ def _jitops_node(p: NodeProblem, inputs: list[str] | None = None, output: str | 
         inputs.pop()
     attrs = {k: v for k, v in p.node_attrs.items() if k in {a.name for a in t.attrs}}
     name = "jitops/" + "+".join(p.nodes)
-    return helper.make_node(t.name, inputs, [output or p.node_output], name=name, domain=DOMAIN, **attrs)
+    return helper.make_node(t.name, inputs, [output or p.node_output, *p.node_extra_outputs], name=name,
+                            domain=DOMAIN, **attrs)
 
 
 def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -80,6 +81,7 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
     g.node.extend(_drop_orphans(new_nodes, [n for p in problems for n in p.covered], out.graph))
     _update_initializers(out, problems)
     _drop_dead_value_info(out)
+    _declare_outputs(src, out, problems)
     if problems:
         # Types that replace ONNX Attention-23 nodes fall back to that op (is_causal, default scale).
         attention_op = {p.op_type for p in problems if p.onnx_ops == ("Attention",)}
@@ -117,6 +119,21 @@ def _drop_orphans(nodes: list[Any], covered: list[Any], graph: Any) -> list[Any]
                 if i in producer:
                     candidates.append(producer[i])
     return [n for n in nodes if id(n) not in dropped]
+
+
+def _declare_outputs(src: Any, model: Any, problems: list[NodeProblem]) -> None:
+    """value_info for the jitops nodes' outputs, as onnx inferred them on the source model (same
+    names, same values). ORT cannot infer through a custom op: without these its fusions after a
+    jitops node see unknown shapes and refuse (BiasGelu after a jitops LayerNorm -> MatMul did)."""
+    from .graph import _infer
+    wanted = {o for p in problems if p.op_type not in NHWC_TYPES for o in (p.node_output, *p.node_extra_outputs)}
+    wanted -= {o.name for o in model.graph.output} | {vi.name for vi in model.graph.value_info}
+    if not wanted:
+        return
+    inferred = _infer(src).graph
+    for vi in inferred.value_info:
+        if vi.name in wanted and vi.type.tensor_type.HasField("shape"):
+            model.graph.value_info.add().CopyFrom(vi)
 
 
 def _update_initializers(model: Any, problems: list[NodeProblem]) -> None:

@@ -1,5 +1,8 @@
 """layer_norm: y = (x - mean) / sqrt(var + eps) * gamma + beta over the trailing dims.
 
+With `residual` (and `bias`), x is replaced by s = x + residual [+ bias] (ONNX's
+SkipLayerNormalization), s rounded to x's dtype, and `return_sum` makes s a second output.
+
 fp32, fp16 or bf16 input, fp32 statistics; gamma/beta optional, shaped like `normalized_shape`, in
 the input's dtype or float32. One implementation with rms_norm (norm_trailing); the
 row scheduler (norm_common) picks warp / block / stream /
@@ -17,7 +20,7 @@ from .norm_trailing import (TrailingNormProblem, bytes_moved, candidates, heuris
                             random_inputs, reference, tolerance)
 
 NAME = "layer_norm"
-INPUTS = ("x", "gamma", "beta")
+INPUTS = ("x", "gamma", "beta", "residual", "bias")
 
 
 # ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
@@ -70,6 +73,12 @@ def variants(device: DeviceInfo) -> list[tuple[LayerNormProblem, Schedule]]:
     only_gamma = make_problem({"x": TensorSpec((8, 100), "float32"), "gamma": TensorSpec((100,), "float32")},
                               {"normalized_shape": 100})
     out.append((only_gamma, row_heuristic(only_gamma.row_spec(), device, "block", tpr=device.warp_size * 2)))
+    # The residual form (SkipLayerNormalization: x + residual + bias, the sum written): one representative.
+    h = TensorSpec((1024,), "float16")
+    skip = make_problem({"x": TensorSpec((64, 1024), "float16"), "gamma": h, "beta": h,
+                         "residual": TensorSpec((64, 1024), "float16"), "bias": h},
+                        {"normalized_shape": 1024, "return_sum": True})
+    out.append((skip, row_heuristic(skip.row_spec(), device)))
     return out
 
 

@@ -14,7 +14,12 @@ def _common_params(spec: RowSpec, vec: int, stats: str) -> dict[str, Any]:
     return {"ctype": C_TYPE[spec.dtype], "ptype": C_TYPE[spec.ptype], "vec": vec, "length": spec.length,
             "kind": spec.kind, "stats": stats, "has_gamma": spec.has_gamma, "has_beta": spec.has_beta,
             "params": spec.params, "plane": spec.plane, "cpg": spec.cpg, "groups": spec.groups,
-            "index_type": _index(spec)}
+            "index_type": _index(spec), **_skip_params(spec)}
+
+
+def _skip_params(spec: RowSpec) -> dict[str, Any]:
+    return {"has_skip": spec.has_skip, "has_bias": spec.has_bias, "has_sum": spec.has_sum,
+            "btype": C_TYPE[spec.btype or spec.dtype]}
 
 
 def _index(spec: RowSpec) -> str:
@@ -22,8 +27,8 @@ def _index(spec: RowSpec) -> str:
 
 
 def _row_args(spec: RowSpec, out: str) -> list[Buf | Scalar]:
-    return [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf(out),
-            Scalar("i32", spec.rows), Scalar("f32", spec.eps)]
+    return [Buf("x"), *spec.skip_args, *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta),
+            Buf(out), *ptr_or_none("sum", spec.has_sum), Scalar("i32", spec.rows), Scalar("f32", spec.eps)]
 
 
 def _check_shape(spec: RowSpec, device: DeviceInfo, vec: int, threads: int) -> None:
@@ -49,8 +54,9 @@ def row_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str) ->
         idx = index_type(spec.numel + block)
         params = {"ctype": C_TYPE[spec.dtype], "ptype": C_TYPE[spec.ptype], "block": block, "kind": spec.kind,
                   "one_pass": spec.params == "channel", "has_gamma": spec.has_gamma, "has_beta": spec.has_beta,
-                  "params": spec.params, "index_type": idx, "nhwc": spec.nhwc}
-        args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf(out),
+                  "params": spec.params, "index_type": idx, "nhwc": spec.nhwc, **_skip_params(spec)}
+        args = [Buf("x"), *spec.skip_args, *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta),
+                Buf(out), *ptr_or_none("sum", spec.has_sum),
                 Scalar("i32" if idx == "int" else "i64", spec.length), Scalar("i32", spec.plane or 1),
                 Scalar("i32", spec.cpg or 1), Scalar("i32", spec.groups or 1), Scalar("f32", spec.eps)]
         return Plan((Launch.make("rows/naive.hip.j2", f"{name}_naive", params, (spec.rows,), (block,), args),))
@@ -132,7 +138,7 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
         Workspace("partials", 8 * spec.rows * chunks, persistent=True),
         Workspace("stats", stats_bytes, persistent=True),
     )
-    stats_args: list[Buf | Scalar] = [Buf("x")]
+    stats_args: list[Buf | Scalar] = [Buf("x"), *spec.skip_args, *ptr_or_none("sum", spec.has_sum)]
     if channel:
         stats_args += [*ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta)]
     stats_args += [Buf("partials"), Buf("counters"), Buf("stats"), Scalar("i32", spec.rows), Scalar("f32", spec.eps)]
@@ -150,7 +156,9 @@ def _split_plan(spec: RowSpec, schedule: Schedule, device: DeviceInfo, out: str,
         grid = max(1, min(ceil_div(nvec, ablock * aunroll), 64 * device.multiprocessors))
         aparams = dict(_common_params(spec, vec, params["stats"]), block=ablock, unroll=aunroll, streaming=False)
         idx = aparams["index_type"]
-        args = [Buf("x"), *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf("stats"),
+        # With a sum output the apply reads the sum row split_stats wrote; else it adds the residual again.
+        source = [Buf("sum")] if spec.has_sum else [Buf("x"), *spec.skip_args]
+        args = [*source, *ptr_or_none("gamma", spec.has_gamma), *ptr_or_none("beta", spec.has_beta), Buf("stats"),
                 Buf(out), Scalar("i32" if idx == "int" else "i64", nvec)]
         apply = Launch.make("rows/split_apply.hip.j2", f"{name}_split_apply", aparams, (grid,), (ablock,), args)
     return Plan((stats_launch, apply), workspaces)

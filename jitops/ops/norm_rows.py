@@ -42,6 +42,16 @@ class RowSpec:
     cpg: int = 0
     plane: int = 0
     nhwc: bool = False        # group norm on channels_last storage (the naive kernel's addressing)
+    # layer / rms norm of s = x + residual [+ bias] (SkipLayerNormalization), s written to `sum`
+    has_skip: bool = False
+    has_bias: bool = False
+    btype: str = ""           # the bias dtype (x's or float32)
+    has_sum: bool = False
+
+    @property
+    def skip_args(self) -> list[Buf]:
+        """The residual and bias buffers, in the row kernels' argument order (after x)."""
+        return [*ptr_or_none("residual", self.has_skip), *ptr_or_none("bias", self.has_bias)]
 
     @property
     def params(self) -> str:

@@ -16,7 +16,7 @@ from .norm_trailing import (TrailingNormProblem, bytes_moved, candidates, heuris
                             random_inputs, reference, tolerance)
 
 NAME = "rms_norm"
-INPUTS = ("x", "gamma")
+INPUTS = ("x", "gamma", "residual", "bias")
 
 
 # ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
