@@ -29,8 +29,8 @@ from conv2d_devkit import (CL, PEAK, TDT, TensorSpec, conv_case, dump, geo, grap
                            ref_f64, rel_err, vendor_times)
 from device_conv2d import CHECKS  # noqa: E402
 
-CHECK_TILES = ((128, 256, 4, 0, 1), (256, 128, 4, 0, 1), (64, 128, 4, 0, 1), (128, 128, 3, 0, 1), (128, 128, 4, 1, 1),
-               (192, 128, 4, 1, 1), (64, 64, 4, 0, 2), (128, 128, 4, 1, 3))
+CHECK_TILES = ((128, 256, 4, 0, 1), (256, 128, 4, 0, 1), (192, 128, 4, 0, 1), (128, 192, 4, 0, 1), (64, 128, 4, 0, 1),
+               (128, 128, 3, 0, 1), (128, 128, 4, 1, 1), (192, 128, 4, 1, 1), (64, 64, 4, 0, 2), (128, 128, 4, 1, 3))
 # Large layers (issue 16): SD 1.5 UNet at batch 2 (64x64 latents), ResNet-50 at batch 32.
 BIG = [((2, 320, 64, 64), (320, 320, 3, 3), 1, 1), ((2, 640, 32, 32), (640, 640, 3, 3), 1, 1),
        ((2, 1280, 16, 16), (1280, 1280, 3, 3), 1, 1), ((2, 2560, 16, 16), (1280, 2560, 3, 3), 1, 1),
@@ -61,7 +61,7 @@ def section_check(out_dir: str) -> dict:
             ref = ref_f64(x, w, b, pair(attrs.get("stride", 1)), pads4(attrs.get("padding", 0)),
                           pair(attrs.get("dilation", 1)), attrs.get("groups", 1), r, attrs.get("activation"),
                           attrs.get("alpha", 0.01))
-            tol = {"float16": 4e-3, "bfloat16": 2e-2, "tf32": 8e-3}[dtype]
+            tol = TOL[dtype]
             for layout in ("nchw", "nhwc"):
                 xl = x.to(memory_format=CL) if layout == "nhwc" else x
                 rl = (r.to(memory_format=CL) if layout == "nhwc" else r) if has_r else None
@@ -135,9 +135,23 @@ def sanitize_finish(procs, out_dir: str) -> dict:
     return {k: v["rc"] for k, v in res.items()}
 
 
-def timed(xl, w, b, attrs, s) -> float | str:
+TOL = {"float16": 4e-3, "bfloat16": 2e-2, "tf32": 8e-3}
+
+
+def timed(xl, w, b, attrs, s, ref=None, tol=0.0) -> float | str:
+    """Graph-replay time of one schedule; with `ref`, its output is checked first (poisoned, then
+    against float64): a wrong candidate is reported as such, never timed as a winner."""
     try:
-        jitops.conv2d(xl, w, b, schedule=s, **attrs)
+        if ref is not None:
+            y = jitops.conv2d(xl, w, b, schedule=s, **attrs)
+            y.fill_(float("nan"))
+            y = jitops.conv2d(xl, w, b, schedule=s, **attrs)
+            err = rel_err(y, ref)
+            if not err <= tol:              # NaN fails too
+                print(f"  BAD candidate {s}: err {err:.2e} > {tol:.0e}", flush=True)
+                return f"wrong: err {err:.3e}"
+        else:
+            jitops.conv2d(xl, w, b, schedule=s, **attrs)
         return graph_us(lambda: jitops.conv2d(xl, w, b, schedule=s, **attrs))
     except Exception as exc:  # noqa: BLE001 - a candidate that fails is data too
         return f"error: {exc}"[:300]
@@ -156,16 +170,21 @@ def problem_row(xs, ws, attrs, dtype, has_b, max_cands, check=True) -> dict:
     dev = jitops.get_backend().device
     ven = vendor_times(x, w, b, {k: v for k, v in attrs.items() if k != "precision"}, tf32=tf32)
     row = {"x": xs, "w": ws, "attrs": attrs, "dtype": "tf32" if tf32 else dtype, "flops": p.flops, "vendor_us": ven}
+    ref = None
+    if check:
+        ref = ref_f64(x, w, b, pair(attrs.get("stride", 1)), pads4(attrs.get("padding", 0)),
+                      pair(attrs.get("dilation", 1)), attrs.get("groups", 1))
     try:
         s_mma = op.heuristic(p, dev, mma.ALGORITHM)
-        row["mma_pick"], row["mma_us"] = str(s_mma), timed(xl, w, b, attrs, s_mma)
+        row["mma_pick"], row["mma_us"] = str(s_mma), timed(xl, w, b, attrs, s_mma, ref, TOL[row["dtype"]])
     except Exception as exc:  # noqa: BLE001
         row["mma_us"] = f"error: {exc}"[:200]
     row["pick"] = str(op.heuristic(p, dev))
-    row["pick_us"] = timed(xl, w, b, attrs, None)
+    row["pick_us"] = timed(xl, w, b, attrs, None, ref, TOL[row["dtype"]])
     cands = sorted(wg.candidates(p, dev), key=lambda s: estimate(p, s, dev))
     cands = cands[:max_cands]
-    row["wgmma_us"] = {str(s): timed(xl, w, b, attrs, s) for s in cands}
+    row["wgmma_us"] = {str(s): timed(xl, w, b, attrs, s, ref, TOL[row["dtype"]]) for s in cands}
+    row["wrong"] = sum(isinstance(v, str) and v.startswith("wrong") for v in row["wgmma_us"].values())
     good = {k: v for k, v in row["wgmma_us"].items() if isinstance(v, float)}
     if good:
         best = min(good, key=good.get)
@@ -178,8 +197,6 @@ def problem_row(xs, ws, attrs, dtype, has_b, max_cands, check=True) -> dict:
             row["ratio_mma"] = vbest / row["mma_us"]
         if check:
             s_best = next(s for s in cands if str(s) == best)
-            ref = ref_f64(x, w, b, pair(attrs.get("stride", 1)), pads4(attrs.get("padding", 0)),
-                          pair(attrs.get("dilation", 1)), attrs.get("groups", 1))
             row["err"] = rel_err(jitops.conv2d(xl, w, b, schedule=s_best, **attrs), ref)
     return row
 
@@ -215,7 +232,10 @@ def section_list(out_dir, name, items, dtypes, budget, max_cands) -> dict:
         rs = [r for r in rows if r.get("dtype") == dtype]
         out[dtype] = {"wgmma": geo([r["ratio_wgmma"] for r in rs if "ratio_wgmma" in r]),
                       "mma": geo([r["ratio_mma"] for r in rs if "ratio_mma" in r]),
-                      "best_of": geo([max(r["ratio_wgmma"], r.get("ratio_mma", 0)) for r in rs if "ratio_wgmma" in r])}
+                      "best_of": geo([max(r["ratio_wgmma"], r.get("ratio_mma", 0)) for r in rs if "ratio_wgmma" in r]),
+                      "pick": geo([min(r["vendor_us"].values()) / r["pick_us"] for r in rs
+                                   if isinstance(r.get("pick_us"), float)]),
+                      "wrong_candidates": sum(r.get("wrong", 0) for r in rs)}
     return out
 
 
