@@ -59,7 +59,7 @@ def samples(dirs: list[str], dtypes: tuple = ()) -> list[tuple]:
 
 def predict(prm: wg.WgmmaCost, p, t) -> float:
     s = wg.schedule(*t[:4], split_k=t[4])
-    return wg.estimate(p, s, DEV, BW * PARAMS.elem_eff, PARAMS.launch_s, prm)
+    return wg.estimate(p, s, DEV, BW, PARAMS.launch_s, prm)  # as conv2d_cost.estimate calls it
 
 
 def loss(x: np.ndarray, data) -> float:
@@ -72,8 +72,9 @@ def loss_of(prm: wg.WgmmaCost, data) -> float:
 
 
 def to_params(x: np.ndarray) -> wg.WgmmaCost:
-    rates = {k: float(math.exp(v)) for k, v in zip(KEYS, x[:-1])}
-    return replace(wg.COST, tile_rate=rates, overhead_k=float(math.exp(x[-1])))
+    rates = {k: float(math.exp(v)) for k, v in zip(KEYS, x[:-3])}
+    return replace(wg.COST, tile_rate=rates, overhead_k=float(math.exp(x[-3])), l2_bytes_per_s=float(math.exp(x[-2])),
+                   split_s=float(math.exp(x[-1])))
 
 
 def main() -> None:
@@ -84,7 +85,9 @@ def main() -> None:
         report(wg.COST, data)
         return
     print(f"{len(data)} timed candidates")
-    x = np.array([math.log(wg.COST.tile_rate.get(k, 0.4)) for k in KEYS] + [math.log(wg.COST.overhead_k)])
+    x = np.array([math.log(wg.COST.tile_rate.get(k, 0.4)) for k in KEYS] + [math.log(wg.COST.overhead_k),
+                                                                                  math.log(wg.COST.l2_bytes_per_s),
+                                                                                  math.log(wg.COST.split_s)])
     step = 0.2
     best = loss(x, data)
     while step > 0.01:                     # coordinate descent in log space
@@ -99,7 +102,8 @@ def main() -> None:
         if not improved:
             step /= 2
     prm = to_params(x)
-    print(f"rms log error {math.sqrt(best):.3f}; overhead_k {prm.overhead_k:.1f}")
+    print(f"rms log error {math.sqrt(best):.3f}; overhead_k {prm.overhead_k:.1f}; "
+          f"L2 {prm.l2_bytes_per_s / 1e12:.2f} TB/s; split-K {prm.split_s * 1e6:.2f} us")
     for k in KEYS:
         print(f"  {k}: {prm.tile_rate[k]:.3f}")
     report(prm, data)
@@ -110,13 +114,21 @@ def report(prm: wg.WgmmaCost, data: list) -> None:
     by_problem: dict = {}
     for p, t, us, ven in data:
         by_problem.setdefault(id(p), []).append((p, t, us, ven))
-    ratios = []
+    ratios, vendor = [], []
     for rows in by_problem.values():
         picked = min(rows, key=lambda r: predict(prm, r[0], r[1]))
         fastest = min(r[2] for r in rows)
         ratios.append(picked[2] / fastest)
+        vendor.append(picked[3] / picked[2])
+        if picked[2] / fastest > 1.15 and "--verbose" in sys.argv:
+            p = picked[0]
+            best = min(rows, key=lambda r: r[2])
+            print(f"  {picked[2] / fastest:.2f} {p.describe()}: picked {picked[1]} {picked[2] * 1e6:.1f} us, "
+                  f"fastest {best[1]} {best[2] * 1e6:.1f} us")
     g = math.exp(sum(map(math.log, ratios)) / len(ratios))
     print(f"model pick / fastest wgmma candidate: geomean {g:.3f}, worst {max(ratios):.2f} over {len(ratios)} problems")
+    gv = math.exp(sum(map(math.log, vendor)) / len(vendor))
+    print(f"vendor time / model pick's time: geomean {gv:.3f}, worst {min(vendor):.2f}")
 
 
 if __name__ == "__main__":

@@ -30,21 +30,31 @@ TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0),
 @dataclass(frozen=True)
 class WgmmaCost:
     """Constants of `estimate`: the share of the multiprocessor's dense fp16 rate each tile
-    sustains in its main loop, and the per-block overhead (prologue, epilogue) in K elements.
-    Fitted by scripts/conv2d_wgmma_fit.py to 2585 timed candidates on 122 problems (15 benchmark,
-    14 large, 93 torchvision layers; H100, 2026-11-24): rms error 0.145 in log time; the model's
-    pick runs 1.048x the fastest candidate's time on geometric mean (worst 1.48x)."""
+    sustains in its main loop, the per-block overhead (prologue, epilogue) in K elements, the L2's
+    rate into shared memory and split-K's fixed cost. Fitted by scripts/conv2d_wgmma_fit.py to 2886
+    timed candidates, each checked against float64, on 137 problems (15 benchmark in fp16 and bf16,
+    14 large, 93 torchvision layers; H100, 2026-11-25): rms error 0.132 in log time; the model's
+    pick runs 1.033x the fastest candidate's time on geometric mean (worst 1.42x)."""
 
     tile_rate: dict = field(default_factory=lambda: {
-        (128, 256, 4, 0): 0.675, (256, 128, 4, 0): 0.643, (192, 128, 4, 0): 0.627, (128, 192, 4, 0): 0.626,
-        (128, 128, 6, 0): 0.546, (128, 128, 4, 0): 0.532, (128, 128, 3, 0): 0.487, (64, 256, 4, 0): 0.494,
-        (64, 128, 4, 0): 0.683, (128, 64, 4, 0): 0.635, (64, 64, 4, 0): 0.611, (128, 128, 4, 1): 0.453,
-        (192, 128, 4, 1): 0.506})
-    overhead_k: float = 202.9
+        (128, 256, 4, 0): 0.710, (256, 128, 4, 0): 0.659, (192, 128, 4, 0): 0.627, (128, 192, 4, 0): 0.658,
+        (128, 128, 6, 0): 0.574, (128, 128, 4, 0): 0.559, (128, 128, 3, 0): 0.519, (64, 256, 4, 0): 0.513,
+        (64, 128, 4, 0): 0.824, (128, 64, 4, 0): 0.785, (64, 64, 4, 0): 0.804, (128, 128, 4, 1): 0.476,
+        (192, 128, 4, 1): 0.525})
+    overhead_k: float = 213.3
+    # Bytes per second the L2 delivers to all multiprocessors' shared memory together: each block
+    # reads (bm + bn) rows of its K, so small tiles need twice the traffic per flop of large ones;
+    # without this term the fit rated 64x128 at 68% of peak from small problems and picked it on
+    # k100_2, where it ran 1.34x slower than 128x256 (H100, 2026-11-25).
+    l2_bytes_per_s: float = 8.19e12
+    # Fixed seconds a split-K call adds: the second (reduction) kernel and the fp32 workspace's
+    # first touch; its bytes are charged apart at the copy rate.
+    split_s: float = 2.48e-6
     # fp32 with precision "tf32": time per flop against the same tile in fp16. Nominally 2 (TF32
-    # runs at half the rate); 29 problems timed with every tile (H100, 2026-11-24) fit 3.2 (the
-    # same 128-byte rows carry half the K per stage, so the per-tile waits weigh twice).
-    tf32_math: float = 3.2
+    # runs at half the rate); chosen for the pick on 29 problems timed with every tile (H100,
+    # 2026-11-25): 2.9 picks 1.041x the fastest candidate (4.0 fits the times better, rms 0.24
+    # against 0.34, but picks 1.104x).
+    tf32_math: float = 2.9
 
 
 COST = WgmmaCost()
@@ -160,6 +170,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
     # overhead_k is in 16-bit K elements (bytes per row).
     compute = waves * 2.0 * bm * bn * (per * bk + prm.overhead_k * 2 / p.itemsize) / rate
+    operands = blocks * (bm + bn) * per * bk * p.itemsize / prm.l2_bytes_per_s
+    compute = max(compute, operands)
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
@@ -169,5 +181,5 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     if needs_nhwc_copy(p):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
-        t += 1.36e-6 + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
+        t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
     return t
