@@ -256,7 +256,7 @@ def test_wgmma_matches_float64(gpu_backend, dtype, layout):
         # 192 x 128 without the producer: 384 copying threads, a partial last pass over B's rows
         for s in (schedule(128, 128, 4, 0), schedule(256, 128, 4, 0), schedule(192, 128, 4, 0),
                   schedule(128, 192, 4, 0), schedule(64, 64, 4, 0, split_k=2), schedule(128, 128, 4, 1),
-                  schedule(192, 128, 4, 1)):
+                  schedule(192, 128, 4, 1), schedule(128, 64, 3, 0), schedule(192, 64, 3, 0)):
             y = jitops.conv2d(x, w, b, residual=r, schedule=s, **attrs)
             assert not torch.isnan(y).any(), s
             assert y.is_contiguous(memory_format=torch.channels_last if layout == "nhwc" else torch.contiguous_format)
