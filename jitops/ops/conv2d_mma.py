@@ -203,12 +203,15 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
         src_nhwc = p.layout == "nhwc"
+        narrow = not src_nhwc and cs == 8          # C <= 8 from NCHW: a thread per pixel, no shared tile
         total = p.n * p.h * p.w * (cs // 8)
-        grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc else (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
+        grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc or narrow else \
+            (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
         if max(grid_c[1:], default=0) > 65535:
             raise ScheduleError(f"NHWC copy grid {grid_c} exceeds the launch limits")
         to_nhwc = Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
-                              {**layout, "block": LAYOUT_BLOCK, "stage": "nhwc", "src_nhwc": src_nhwc},
+                              {**layout, "block": LAYOUT_BLOCK, "stage": "nhwc", "src_nhwc": src_nhwc,
+                               "narrow": narrow},
                               grid_c, (LAYOUT_BLOCK,),
                               (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
                                *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
