@@ -15,6 +15,7 @@ import numpy as np
 from ..device import DeviceInfo
 from . import conv2d_depthwise
 from . import conv2d_mma as mma
+from . import conv2d_stem
 from . import conv2d_wgmma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
@@ -98,6 +99,10 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                "bias": TensorSpec((24,), dtype), "residual": TensorSpec((1, 24, 5, 4), dtype, "nhwc")},
                               {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
             out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
+            rgb = make_problem({"x": TensorSpec((1, 3, 9, 7), dtype, "nhwc"), "w": TensorSpec((16, 3, 3, 3), dtype),
+                                "bias": TensorSpec((16,), dtype), "residual": TensorSpec((1, 16, 5, 4), dtype, "nhwc")},
+                               {"padding": 1, "stride": 2, "activation": "relu"})
+            out.append((rgb, conv2d_stem.schedule(16)))                               # few-channel stem, NHWC stores
             if conv2d_wgmma.why_not(residual, device) is None:                    # sm_90a: one representative
                 out.append((residual, conv2d_wgmma.schedule(128, 128, 4, 1, split_k=1)))
             continue

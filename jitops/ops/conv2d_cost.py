@@ -22,6 +22,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
 from .base import Schedule, ceil_div
 from .conv2d_plans import WINOGRAD_M, direct_shared_bytes, round_up, winograd_sizes
@@ -153,7 +154,7 @@ def direct_time(prm: CostParams, p: Conv2dProblem, s: Schedule, device: DeviceIn
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams = PARAMS) -> float:
     """Estimated seconds for one call (graph replay)."""
     t = _estimate(p, s, device, prm)
-    if s.algorithm in (mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM):
+    if s.algorithm in (mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM):
         return t
     bw = machine(device).bandwidth * prm.elem_eff
     y_bytes = p.n * p.cout * p.oh * p.ow * p.itemsize
@@ -210,6 +211,8 @@ def _estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams
         return wgmma.estimate(p, s, device, bw, prm.launch_s)
     if alg == depthwise.ALGORITHM:
         return depthwise.estimate(p, device, bw, prm.launch_s, mach.flops_per_sm)
+    if alg == stem.ALGORITHM:
+        return stem.estimate(p, s, device, bw, prm.launch_s, mach.flops_per_sm / 2)
     raise ScheduleError(f"conv2d has no algorithm '{alg}'")
 
 

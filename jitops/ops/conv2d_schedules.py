@@ -14,6 +14,7 @@ from ..errors import ScheduleError
 from .base import Schedule, ceil_div
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
 from .conv2d_cost import PARAMS, estimate
 from .conv2d_plans import ALGORITHMS, WINOGRAD_M
@@ -50,6 +51,8 @@ def applicable(p: Conv2dProblem, algorithm: str, device: DeviceInfo) -> bool:
         return mma.why_not(p) is None
     if algorithm == depthwise.ALGORITHM:
         return depthwise.why_not(p) is None
+    if algorithm == stem.ALGORITHM:
+        return stem.why_not(p) is None
     if algorithm == "gemm_1x1":
         return p.is_pointwise
     if algorithm in WINOGRAD_M:
@@ -102,6 +105,8 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         out += wgmma.candidates(p, device)
     if depthwise.why_not(p) is None:
         out.append(depthwise.schedule())
+    if stem.why_not(p) is None:
+        out += stem.candidates(p, device)
     return out
 
 
@@ -124,7 +129,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ScheduleError(f"conv2d has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
     if algorithm is not None and not applicable(p, algorithm, device):
-        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not,
+        reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not, stem.ALGORITHM: stem.why_not,
                   wgmma.ALGORITHM: lambda q: wgmma.why_not(q, device)}.get(algorithm, lambda _: None)(p)
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
                             + (f": {reason}" if reason else ""))
