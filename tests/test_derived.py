@@ -103,3 +103,24 @@ def test_stale_stream_of_a_scratch_entry_is_not_waited_on(emu, rng):
     cache.get(("id",), stream=111)
     cache.get(("id",), stream=333)
     assert calls == [0, 0]
+
+
+def test_a_stage_of_many_same_shape_layers_keeps_every_weight():
+    """RegNetY-1.6GF has 34 convs of one shape: each keeps its derived copy (no eviction, so no
+    device synchronize on the way: a synchronize ends a CUDA-graph capture)."""
+    from jitops.derived import DerivedCache
+    from jitops.ops.base import Workspace
+
+    syncs = []
+
+    class Recorder:
+        def alloc(self, n): return 1
+        def free(self, p): pass
+        def memset(self, *a): pass
+        def synchronize(self, stream=0): syncs.append(stream)
+
+    cache = DerivedCache([Workspace("packed_w", 225792, derived_from=("w",))], Recorder())
+    for rounds in range(3):
+        fresh = [cache.get(("w", k), stream=7)[1] for k in range(64)]
+        assert all(fresh) if rounds == 0 else not any(fresh)
+    assert syncs == [] and len(cache.entries) == 64
