@@ -69,3 +69,20 @@ def test_stem_picked_for_rgb_stems_only():
     assert pick((8, 3, 224, 224), (64, 3, 7, 7), "float16", "nhwc", stride=2, padding=3).algorithm == \
         "implicit_gemm_wgmma"
     assert pick((8, 16, 112, 112), (16, 16, 1, 1), "float16", "nhwc").algorithm != "direct_stem"
+
+
+def test_stem_reads_channels_last_torch_weights(emu):
+    """A model moved to channels_last stores its stem's weights OHWI: read through the derived OIHW
+    copy, redone when the weight changes in place."""
+    torch = pytest.importorskip("torch")
+    conv = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1).to(memory_format=torch.channels_last)
+    w, b = conv.weight.detach(), conv.bias.detach()
+    assert not w.is_contiguous()
+    x = torch.randn(2, 3, 9, 10).to(memory_format=torch.channels_last)
+    for _ in range(2):
+        want = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), stride=2, padding=1)
+        got = jitops.conv2d(x, w, b, stride=2, padding=1, schedule="direct_stem")
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+        with torch.no_grad():
+            w.mul_(-0.5)
