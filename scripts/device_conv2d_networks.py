@@ -19,11 +19,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import jitops  # noqa: E402
-from jitops.bench.timing import Timer  # noqa: E402
+from conv2d_devkit import graph_us, picked, rel_err  # noqa: E402
 
 NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
 CL = torch.channels_last
-timer = Timer(torch)
 
 
 class JitConv(torch.nn.Module):
@@ -50,15 +49,6 @@ def swap_convs(module: torch.nn.Module) -> int:
         else:
             n += swap_convs(child)
     return n
-
-
-def rel_err(y, ref) -> float:
-    return float((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-
-
-def graph_us(fn) -> float:
-    us = timer.graph_us(fn, n=10, trials=5)
-    return us if us is not None else timer.per_call_us(fn, n=10)
 
 
 def run_net(name: str, batch: int, dtype: torch.dtype) -> dict:
@@ -100,7 +90,6 @@ def per_layer(name: str, batch: int, dtype: torch.dtype) -> list[dict]:
     tensors (graph replay), slowest ratio first."""
     import torch.nn.functional as F
     import torchvision.models as tvm
-    from conv2d_devkit import picked
     model = getattr(tvm, name)().eval().cuda().to(dtype).to(memory_format=CL)
     seen, layers = set(), []
 

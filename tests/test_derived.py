@@ -83,6 +83,18 @@ def test_freed_weight_memory_reused_by_a_new_tensor_is_transformed_again(emu, rn
         del w, y
 
 
+class _Recorder:
+    """A backend that allocates nothing and records the streams it is asked to synchronize."""
+
+    def __init__(self, syncs: list):
+        self.syncs = syncs
+
+    def alloc(self, n): return 1
+    def free(self, p): pass
+    def memset(self, *a): pass
+    def synchronize(self, stream=0): self.syncs.append(stream)
+
+
 def test_stale_stream_of_a_scratch_entry_is_not_waited_on(emu, rng):
     """ORT destroys a session's stream with the session: a later user on another stream must not
     synchronize the dead one (it costs a device-wide synchronize instead)."""
@@ -90,14 +102,7 @@ def test_stale_stream_of_a_scratch_entry_is_not_waited_on(emu, rng):
     from jitops.ops.base import Workspace
 
     calls = []
-
-    class Recorder:
-        def alloc(self, n): return 1
-        def free(self, p): pass
-        def memset(self, *a): pass
-        def synchronize(self, stream=0): calls.append(stream)
-
-    cache = DerivedCache([Workspace("t", 64, derived_from=("w",))], Recorder())
+    cache = DerivedCache([Workspace("t", 64, derived_from=("w",))], _Recorder(calls))
     cache.get(None, stream=111)
     cache.get(None, stream=222)
     cache.get(("id",), stream=111)
@@ -112,14 +117,7 @@ def test_a_stage_of_many_same_shape_layers_keeps_every_weight():
     from jitops.ops.base import Workspace
 
     syncs = []
-
-    class Recorder:
-        def alloc(self, n): return 1
-        def free(self, p): pass
-        def memset(self, *a): pass
-        def synchronize(self, stream=0): syncs.append(stream)
-
-    cache = DerivedCache([Workspace("packed_w", 225792, derived_from=("w",))], Recorder())
+    cache = DerivedCache([Workspace("packed_w", 225792, derived_from=("w",))], _Recorder(syncs))
     for rounds in range(3):
         fresh = [cache.get(("w", k), stream=7)[1] for k in range(64)]
         assert all(fresh) if rounds == 0 else not any(fresh)
