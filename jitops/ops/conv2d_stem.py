@@ -27,10 +27,10 @@ class StemCost:
     hits, its shared reads broadcasts), the share of the copy bandwidth its bytes move at, and the
     instructions of one tap besides the FMAs (address arithmetic, bounds test, loads). Chosen on
     46 timed rows (10 stems x fp16 / bf16 / fp32 x NCHW / NHWC, every candidate; H100,
-    2026-11-25, docs/data/conv2d_stem_h100_2026-11-25/) for the fewest lost microseconds against
-    the other kernels' estimates: the pick runs 1.03x the faster of the stem kernel and the
-    previous pick on geometric mean; the estimates themselves are 1.3x optimistic (rms 0.32 in
-    log time)."""
+    2026-11-25, docs/data/conv2d_stem_h100_2026-11-25/run2_*) for the fewest lost microseconds
+    against the other kernels' estimates: the pick runs 1.037x the faster of the stem kernel and
+    the previous pick on geometric mean; the estimates themselves are about 1.3x optimistic (rms
+    0.33 in log time). scripts/conv2d_stem_fit.py reproduces the choice."""
 
     issue_eff: float = 0.45
     mem_eff: float = 0.6
