@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_conv2d_mma import TOL, run
 
 import jitops
 from jitops.errors import ScheduleError
 from jitops.ops import conv2d_stem as stem
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
+
+from test_conv2d_mma import TOL, run
 
 op = get_op("conv2d")
 

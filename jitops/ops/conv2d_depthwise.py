@@ -68,7 +68,5 @@ def plan_depthwise(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 def estimate(p: Conv2dProblem, device: DeviceInfo, bandwidth: float, launch_s: float, flops_per_sm: float) -> float:
     """Memory bound: x read once (neighbouring taps hit L1), y (and the residual) once; or the
     fp32 FMAs at a third of the rate, whichever is larger."""
-    isz = p.itemsize
-    nbytes = (p.n * p.h * p.w * p.cin + p.n * p.oh * p.ow * p.cout * (2 if p.has_residual else 1)) * isz
     compute = p.flops / (flops_per_sm * device.multiprocessors * 0.33)
-    return launch_s + max(nbytes / (0.7 * bandwidth), compute)
+    return launch_s + max(p.io_bytes / (0.7 * bandwidth), compute)

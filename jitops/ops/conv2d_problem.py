@@ -93,6 +93,12 @@ class Conv2dProblem:
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
 
+    @property
+    def io_bytes(self) -> int:
+        """The fewest bytes a direct kernel moves: x read once, y (and the residual) once."""
+        y = self.n * self.cout * self.oh * self.ow * (2 if self.has_residual else 1)
+        return (self.n * self.cin * self.h * self.w + y) * self.itemsize
+
     def inputs(self) -> dict[str, TensorSpec]:
         out = {"x": TensorSpec((self.n, self.cin, self.h, self.w), self.dtype, self.layout),
                "w": TensorSpec((self.cout, self.cin_g, self.kh, self.kw), self.dtype, self.w_layout)}

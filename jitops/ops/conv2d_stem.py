@@ -108,6 +108,4 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     threads = p.pixels * ceil_div(p.cout, cot)
     instr = threads * p.kh * p.kw * (p.cin * cot * 1.25 + COST.per_tap)
     compute = instr / (issue_per_sm * device.multiprocessors * COST.issue_eff)
-    isz = p.itemsize
-    nbytes = (p.n * p.h * p.w * p.cin + p.n * p.oh * p.ow * p.cout * (2 if p.has_residual else 1)) * isz
-    return launch_s + max(compute, nbytes / (COST.mem_eff * bandwidth))
+    return launch_s + max(compute, p.io_bytes / (COST.mem_eff * bandwidth))
