@@ -10,7 +10,7 @@ import pytest
 import jitops
 from jitops.bench.layer_norm import call, torch_reference
 from jitops.ops import get_op
-from jitops.ops.base import TensorSpec
+from jitops.ops.base import ITEMSIZE, TensorSpec
 from jitops.ops.norm_common import row_heuristic
 
 pytestmark = pytest.mark.gpu
@@ -283,9 +283,16 @@ NHWC_SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (2, 1280, 8, 8), (2, 1920, 16
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_group_norm_nhwc(dtype):
+    from jitops.ops import group_norm_onchip
+    from jitops.ops.norm_common import vector_width
+    dev = jitops.get_backend().device
     for shape in NHWC_SHAPES:
         groups = 32 if shape[1] % 32 == 0 else 4
-        for alg in (None, "nhwc", "naive"):
+        prob = get_op("group_norm").make_problem(
+            {"x": TensorSpec(shape, dtype, "nhwc"), "gamma": TensorSpec((shape[1],), "float32"),
+             "beta": TensorSpec((shape[1],), "float32")}, {"num_groups": groups})
+        onchip = [s for _, s in group_norm_onchip.options(prob, dev, vector_width(shape[1], ITEMSIZE[dtype]))]
+        for alg in (None, "nhwc", "naive", *onchip[:1], *onchip[-1:]):
             _nhwc_check("group_norm", shape, dtype, groups=groups, schedule=alg)
 
 

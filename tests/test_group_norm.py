@@ -256,17 +256,40 @@ def test_nhwc_misaligned_views(emu, rng):
     (((2, 20, 5, 3), 4, "float32", "float32"), dict(threads=32, rows=2, pixels_per_block=8)),
     (((1, 6, 3, 5), 2, "float16", "float16"), dict(threads=64, rows=1, pixels_per_block=9)),
     (((2, 96, 5, 5), 96, "float32", "float32"), dict(threads=32, rows=13, pixels_per_block=13)),
+    (((2, 40, 6, 6), 4, "bfloat16", "float32"), dict(threads=32, rows=4, pixels_per_block=20, slice_groups=2, vec=4)),
+    (((1, 48, 3, 7), 12, "float16", "float16"), dict(threads=32, rows=2, pixels_per_block=12, slice_groups=3, vec=4)),
 ])
 def test_nhwc_onchip_barrier(emu, rng, case):
-    """Two blocks per sample meeting at the barrier (a last chunk shorter than the others, rows
-    beyond the chunk unused, 96 groups merged by fewer threads); three calls through one plan:
-    the arrival and departure counters reset themselves."""
+    """Two blocks per (sample, channel slice) meeting at the barrier (a last chunk shorter than
+    the others, rows beyond the chunk unused, 96 groups merged by fewer threads, slices of 2 and
+    3 groups with a barrier each); three calls through one plan: the arrival and departure
+    counters reset themselves."""
     from jitops.ops import group_norm_nhwc
     (shape, groups, dtype, ptype), params = case
     prob = nhwc_problem(shape, groups, dtype, ptype)
     sched = group_norm_nhwc.heuristic(prob, emu.device, "onchip", **params)
     launches = get_op("group_norm").plan(prob, sched, emu.device).launches
-    assert len(launches) == 1 and launches[0].grid[0] == 2 * shape[0]
+    slices = groups // params.get("slice_groups", groups)
+    assert len(launches) == 1 and launches[0].grid[0] == 2 * shape[0] * slices
+    for _ in range(3):
+        check_norm("group_norm", prob, sched, rng)
+
+
+@pytest.mark.parametrize("case", [
+    (((2, 40, 6, 6), 4, "float16", "float32"), dict(threads=64, rows=3, pixels_per_block=36, slice_groups=1, vec=2)),
+    (((2, 30, 5, 3), 3, "float32", "float32"), dict(threads=32, rows=3, pixels_per_block=15, slice_groups=1, vec=2)),
+    (((1, 64, 4, 4), 8, "bfloat16", "bfloat16"), dict(threads=32, rows=1, pixels_per_block=16, slice_groups=2, vec=8)),
+])
+def test_nhwc_onchip_slices_without_barrier(emu, rng, case):
+    """A block per (sample, slice of groups) holding all its pixels: no barrier, no partials in
+    global memory; slices of one group (vectors of 2 channels) and of two groups."""
+    from jitops.ops import group_norm_nhwc
+    (shape, groups, dtype, ptype), params = case
+    prob = nhwc_problem(shape, groups, dtype, ptype)
+    sched = group_norm_nhwc.heuristic(prob, emu.device, "onchip", **params)
+    launch = get_op("group_norm").plan(prob, sched, emu.device).launches[0]
+    assert dict(launch.params)["chunks"] == 1
+    assert launch.grid[0] == shape[0] * groups // params["slice_groups"]
     for _ in range(3):
         check_norm("group_norm", prob, sched, rng)
 
@@ -293,24 +316,34 @@ def test_nhwc_onchip_without_gamma_beta_and_misaligned(emu, rng):
 
 
 def test_nhwc_onchip_choice_on_sm90():
-    """No compile: the SD-UNet shapes of 1 MB and more take the one launch with the whole grid
-    resident on an H100/H200 (132 SMs); smaller ones (0.3 MB) and the 21 MB and 103 MB tensors the
-    two launches; a forced grid too large is refused."""
+    """No compile: on an H100/H200 (132 SMs) groups of at most 64 KB take a block each (no
+    barrier), larger ones chunks of 160-byte slices behind a barrier with the grid resident,
+    the 21 MB and 103 MB tensors the two launches; a forced grid too large is refused."""
     from jitops.device import KNOWN_TARGETS
     from jitops.errors import ScheduleError
     from jitops.ops import group_norm_nhwc, group_norm_onchip
+    from jitops.ops.base import ITEMSIZE
     dev = KNOWN_TARGETS["sm_90"]
-    for shape, alg in (((2, 320, 64, 64), "onchip"), ((2, 1280, 8, 8), "nhwc"), ((2, 1920, 16, 16), "onchip"),
-                       ((8, 320, 64, 64), "nhwc"), ((256, 64, 56, 56), "nhwc")):
+    expect = {(2, 1280, 8, 8): ("onchip", 1, 1), (2, 640, 16, 16): ("onchip", 1, 1),
+              (2, 320, 32, 32): ("onchip", 1, 1), (2, 320, 64, 64): ("onchip", None, None),
+              (8, 320, 64, 64): ("nhwc", None, None), (256, 64, 56, 56): ("nhwc", None, None)}
+    for shape, (alg, gs, chunks) in expect.items():
         for dtype in ("float16", "bfloat16", "float32"):
             prob = nhwc_problem(shape, 32, dtype, "float32")
             sched = OP.heuristic(prob, dev)
             assert sched.algorithm == alg, (shape, dtype, sched)
-            if alg == "onchip":
-                launch = OP.plan(prob, sched, dev).launches[0]
-                minb = dict(launch.params)["min_blocks"]
+            if alg != "onchip":
+                continue
+            launch = OP.plan(prob, sched, dev).launches[0]
+            params = dict(launch.params)
+            if gs is not None:
+                assert params["slice_groups"] == gs and params["chunks"] == chunks, (shape, dtype, params)
+            else:
+                assert params["chunks"] > 1 and params["slice_groups"] * (shape[1] // 32) * ITEMSIZE[dtype] >= 160
+                minb = params["min_blocks"]
                 assert launch.grid[0] <= dev.multiprocessors * minb and minb * launch.block[0] <= 1024
     prob = nhwc_problem((2, 320, 64, 64), 32, "float16", "float32")
     with pytest.raises(ScheduleError, match="resident"):
         group_norm_nhwc.heuristic(prob, dev, "onchip", threads=256, rows=1, pixels_per_block=6)
-    assert group_norm_onchip.options(nhwc_problem((8, 320, 64, 64), 32, "float16"), dev, 8) == []
+    big = nhwc_problem((8, 320, 64, 64), 32, "float16")
+    assert all(int(s["pixels_per_block"]) >= 4096 for _, s in group_norm_onchip.options(big, dev))

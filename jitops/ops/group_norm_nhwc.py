@@ -11,11 +11,12 @@ kernel):
   apply - y = (x - k) * a + b over the dense storage, the vector's channels contiguous (rowwise),
           the coefficients read as float4s
 
-`onchip` (group_norm_onchip: one launch, the tensor held in registers across a per-sample
-barrier) is the pick for tensors of 1 MB and more whose grid fits on the device at once (the
-SD-UNet shapes); the two launches above take smaller and larger tensors. `naive` (block per group, scalar, strided addressing) is
-the baseline and the fallback for channel counts the stats kernel cannot hold (more than 1024
-vectors per pixel).
+`onchip` (group_norm_onchip: one launch, the tensor held in registers; a block per (sample,
+group) where a group fits one block, else chunks of channel slices behind a barrier) is the pick
+wherever it fits; the two launches above take the tensors whose slices do not fit the resident grid
+(the 21 MB 8x320x64x64, the 103 MB 256x64x56x56). `naive` (block per group, scalar, strided
+addressing) is the baseline and the fallback for channel counts the stats kernel cannot hold (more
+than 1024 vectors per pixel).
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from .norm_common import ptr_or_none, row_plan, vector_width
 
 ALGORITHMS = ("onchip", "nhwc", "naive")
 SHARED_LIMIT = 44 << 10          # the stats kernel's static shared memory (48 KB at most)
-ONCHIP_MIN_BYTES = 1 << 20       # smaller tensors: the two launches (H100 sweep, below)
 STATS_REGISTERS = 72             # per thread, allocated (ptxas, sm_90: 69 for fp16/bf16, 40 for fp32)
 
 
@@ -70,18 +70,20 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
         raise ScheduleError(f"group_norm on channels_last input has no algorithm '{algorithm}' "
                             f"(choose from {', '.join(ALGORITHMS)})")
     n, c, hw, cpg = _shape(problem)
+    forced_vec = "vec" in over
     vec = int(over.pop("vec", vector_width(c, ITEMSIZE[problem.dtype])))
     cv = c // vec
     why = [f"channels_last: {n} samples x {hw} pixels x {c} channels, {problem.groups} groups of {cpg} channels"]
-    # H100, 2026-11-23 (scripts/device_memops2.py, graph replay, SD-UNet shapes x fp16/bf16/fp32):
-    # the one launch (options() order) ran 0.99-1.06x the two launches' speed on tensors of 1-10 MB,
-    # and 3-18% slower on the 0.3-0.7 MB ones (2x1280x8x8; 2x640x16x16 fp16/bf16, where a 256-thread
-    # onchip schedule did beat both: 9.5 vs 10.2-10.6 us). Both paths sit on a ~9 us latency floor.
-    small = problem.bytes_moved() // 2 < ONCHIP_MIN_BYTES
-    if algorithm == "onchip" or (algorithm is None and not small):
+    # The one launch (group_norm_onchip.pick) wherever it fits; the two launches take the tensors
+    # whose slices do not fit the resident grid (H100: 8x320x64x64 fp16, 21 MB: 30 us against 46
+    # us for the one launch's only fitting schedule, which `pick` does not take).
+    if algorithm in ("onchip", None):
+        if forced_vec:
+            over["vec"] = vec
         picked = _onchip(problem, device, vec, algorithm, over, why)
         if picked is not None:
             return picked
+        over.pop("vec", None)
     # the widest block (512 threads, fewer for wide rows of many channels) whose sums fit shared memory
     fitting = [t for t in (512, 256, 128, device.warp_size)
                if cv <= device.max_threads_per_block and
@@ -122,31 +124,47 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
 
 def _onchip(problem: Any, device: DeviceInfo, vec: int, algorithm: str | None, over: dict,
             why: list[str]) -> Schedule | None:
-    """The one-launch schedule: the best-scored fitting (threads, rows), parameters given in `over`
-    taking precedence; None when nothing fits and no algorithm was forced."""
-    opts = [s for _, s in onchip.options(problem, device, vec)]
+    """The one-launch schedule: `onchip.pick`, parameters given in `over` taking precedence
+    (threads / rows / pixels_per_block given without slice_groups mean whole pixels, one slice);
+    None when nothing fits and no algorithm was forced."""
     if device.backend == "cpu":
-        # the emulator's workers may be fewer than it reports: one block per sample, no waiting
-        opts = [s for s in opts if int(s["pixels_per_block"]) >= problem.plane] or opts
-    if not opts and algorithm is None:
+        # the emulator's workers may be fewer than it reports: one block per slice, no waiting
+        opts = [s for _, s in onchip.options(problem, device)]
+        opts = [s for s in opts if int(s["pixels_per_block"]) >= problem.plane][:1]
+        chosen = opts[0] if opts else None
+    else:
+        chosen = onchip.pick(problem, device)
+    if chosen is None and algorithm is None:
         return None
-    base = dict(opts[0].params) if opts else {"vec": vec, "threads": 512, "rows": 1, "pixels_per_block": 1}
-    params = {k: int(over.pop(k, base[k])) for k in ("vec", "threads", "rows", "pixels_per_block")}
-    params["vec"] = vec
+    if chosen is None:
+        first = onchip.options(problem, device)
+        chosen = first[0][1] if first else None
+    base = dict(chosen.params) if chosen is not None else {"vec": vec, "threads": 512, "rows": 1,
+                                                           "pixels_per_block": 1}
+    base.setdefault("slice_groups", problem.groups)
+    if over and "slice_groups" not in over and chosen is not None and int(chosen["slice_groups"]) != problem.groups:
+        base["slice_groups"] = problem.groups           # hand-set rows / threads: whole pixels, as before slices
+        base["vec"] = vec
+    params = {k: int(over.pop(k, base[k])) for k in onchip.PARAMS}
     if over:
         raise ScheduleError(f"group_norm onchip: unknown parameters {sorted(over)}")
-    by, block, chunks, minb = onchip.check(problem, device, vec, params["threads"], params["rows"],
-                                           params["pixels_per_block"])
-    why.append(f"one launch, the tensor on chip: {block} threads ({by} pixel rows of {problem.channels // vec} "
-               f"vectors of {vec}) hold {params['rows']} rows each, {params['pixels_per_block']} pixels per block, "
-               f"{chunks} blocks per sample behind one barrier ({minb} resident per multiprocessor)")
+    by, block, chunks, minb = onchip.check(problem, device, params["vec"], params["threads"], params["rows"],
+                                           params["pixels_per_block"], params["slice_groups"])
+    cs = params["slice_groups"] * (problem.channels // problem.groups)
+    barrier = (f"{chunks} blocks per (sample, slice) behind one barrier ({minb} resident per multiprocessor)"
+               if chunks > 1 else "one block per (sample, slice): no barrier")
+    why.append(f"one launch, the tensor on chip: slices of {params['slice_groups']} groups ({cs} channels), "
+               f"{block} threads ({by} pixel rows of {cs // params['vec']} vectors of {params['vec']}) hold "
+               f"{params['rows']} rows each, {params['pixels_per_block']} pixels per block, {barrier}")
     return Schedule.make("onchip", why="; ".join(why), **params)
 
 
 def candidates(problem: Any, device: DeviceInfo) -> list[Schedule]:
     out = [heuristic(problem, device, "naive")]
     _, c, hw, _ = _shape(problem)
-    out += [s for _, s in onchip.options(problem, device, vector_width(c, ITEMSIZE[problem.dtype]))[:8]]
+    chosen = onchip.pick(problem, device) if device.backend != "cpu" else None
+    out += ([chosen] if chosen is not None else []) + [s for _, s in onchip.options(problem, device)[:8]
+                                                       if s != chosen]
     for threads in (128, 256, 512):
         for unroll in (2, 4, 8):
             for spread in (1, 2, 4):
