@@ -97,7 +97,7 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
     float32 or q's dtype, broadcastable to [B, H, Sq, Sk]. scale: default 1/sqrt(D).
     causal: True or "top_left" (key j visible to query i when j <= i, as torch SDPA's is_causal, also
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
-    D: 1..256. Algorithms: "fused_wgmma" (sm_90 only, fp16/bf16, D a multiple of 8 up to 128: Hopper's
+    D: 1..256. Algorithms: "fused_wgmma" (sm_90 only, fp16/bf16, D a multiple of 8 up to 256: Hopper's
     warpgroup MMA, picked for long prefill), "fused_mma" (fp16/bf16 on matrix cores: any D, padded inside
     the kernel; grouped-query heads packed and keys split across blocks for decoding), "fused",
     "three_stage", "naive".

@@ -39,12 +39,18 @@ SHAPES = [(2, 320, 64, 64), (2, 320, 32, 32), (2, 640, 32, 32), (2, 640, 16, 16)
 DEV = "cuda"
 
 
+PICKS_ONLY = False
+
+
 def schedules(prob, device) -> dict:
-    """The heuristic, the two launches, naive, and of the one-launch options for each (slice,
-    threads): the fewest and the most rows (one chunk where it fits, else the resident grids)."""
+    """The heuristic, the two launches, naive, and (unless --picks) of the one-launch options for
+    each (slice, threads): the fewest and the most rows (one chunk where it fits, else the
+    resident grids)."""
     out = {"heuristic": get_op("group_norm").heuristic(prob, device)}
     for alg in ("nhwc", "naive"):
         out[alg] = group_norm_nhwc.heuristic(prob, device, alg)
+    if PICKS_ONLY:
+        return out
     by_family: dict = {}
     for _, s in group_norm_onchip.options(prob, device):
         by_family.setdefault((s["slice_groups"], s["threads"]), []).append(s)
@@ -141,12 +147,14 @@ def sanitize_cases() -> None:
 
 
 def main() -> None:
-    global DEV, SHAPES
+    global DEV, SHAPES, PICKS_ONLY
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--picks", action="store_true", help="time the scheduler's picks only (not every option)")
     args = ap.parse_args()
+    PICKS_ONLY = args.picks
     if args.sanitize:
         return sanitize_cases()
     t0 = time.time()

@@ -323,8 +323,8 @@ def test_scheduler_decoding_and_model_shapes():
     assert (prefill["warps"], prefill["row_groups"], prefill["q_regs"]) == (4, 2, False)
     for d in (40, 72):                                          # long prefill: Hopper's warpgroup MMA
         assert pick((2, 8, 1024, d), (2, 8, 1024, d)).algorithm == "fused_wgmma"
-    assert pick((2, 8, 1024, 256), (2, 8, 1024, 256)).algorithm == "fused_mma"
-    assert pick((1, 16, 2048, 256), (1, 16, 2048, 256), True)["warps"] == 8
+    gemma = pick((1, 16, 2048, 256), (1, 16, 2048, 256), True)       # D = 256 too (H100: 1.16x fused_mma)
+    assert gemma.algorithm == "fused_wgmma" and (gemma["groups"], gemma["block_k"]) == (2, 64)
 
 
 def test_matrix_core_schedule_is_refused_on_the_emulator(emu, rng):
@@ -405,13 +405,14 @@ def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
 
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
-    """sm_90: fused_wgmma for long prefill (fp16/bf16, D a multiple of 8 up to 128, GQA, causal,
-    masks); fused_mma for decoding, short sequences, D=256 or D=36; never on sm_80 or for fp32."""
+    """sm_90: fused_wgmma for long prefill (fp16/bf16, D a multiple of 8 up to 256, GQA, causal,
+    masks); fused_mma for decoding, short sequences or D=36; never on sm_80 or for fp32."""
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
     for q, kv, dtype, causal, mask in (((8, 16, 2048, 64), (8, 16, 2048, 64), "float16", False, False),
                                        ((1, 32, 2048, 128), (1, 8, 2048, 128), "bfloat16", True, False),
-                                       ((2, 8, 4096, 40), (2, 8, 4096, 40), "float16", False, True)):
+                                       ((2, 8, 4096, 40), (2, 8, 4096, 40), "float16", False, True),
+                                       ((1, 16, 2048, 256), (1, 16, 2048, 256), "float16", True, False)):
         p = _hopper_problem(q, kv, dtype, causal, mask)
         s = op.heuristic(p, h100)
         assert s.algorithm == "fused_wgmma", (q, s)
@@ -426,7 +427,6 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
             assert s["groups"] == 3 and "3 warpgroups" in s.why, s
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
-                         ((1, 16, 2048, 256), (1, 16, 2048, 256), "float16"),    # D > 128
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"

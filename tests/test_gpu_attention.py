@@ -208,7 +208,7 @@ def test_bf16_matches_sdpa():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [40, 72, 80, 96, 128])
+@pytest.mark.parametrize("d", [40, 72, 80, 96, 128, 160, 256])
 def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
     """fused_wgmma (sm_90a) on each loop (stages 2 / 3) and tile shape: padded head dims, GQA 4:1, both
     diagonals with Sq != Sk."""
@@ -220,7 +220,7 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
     k, v = randn(2, 2, 333, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype)
     device = jitops.get_backend().device
     tiles = [t for t in ((2, 64, 2), (2, 128, 3), (3, 64, 3)) if fits(d, t[0], t[1], device, t[2])]
-    assert tiles, f"no fused_wgmma tile fits D={d}"       # (2, 64, 2) fits every D up to 128
+    assert tiles, f"no fused_wgmma tile fits D={d}"       # (2, 64, 2) fits every D up to 256
     for groups, block_k, stages in tiles:
         sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=stages)
         check(q, k, v, schedule=sched)

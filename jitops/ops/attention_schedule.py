@@ -2,7 +2,7 @@
 
 Algorithms:
 - fused_wgmma: the same single pass on Hopper's warpgroup MMA (sm_90a; prefill-sized fp16/bf16
-  problems with D a multiple of 8 up to 128: attention_wgmma). Chosen over fused_mma on sm_90
+  problems with D a multiple of 8 up to 256: attention_wgmma). Chosen over fused_mma on sm_90
   where attention_wgmma.preferred says it wins.
 - fused_mma: flash-style single pass on the matrix cores (fp16; any D up to 256, padded to a
   multiple of 16 in the kernel; GQA packing, warps splitting keys and split-KV for decoding:
