@@ -405,8 +405,9 @@ def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
 
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
-    """sm_90: fused_wgmma for long prefill (fp16/bf16, D a multiple of 8 up to 256, GQA, causal,
-    masks); fused_mma for decoding, short sequences or D=36; never on sm_80 or for fp32."""
+    """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
+    up to 256, GQA, causal, masks); fused_mma for decoding, shorter sequences or D=36; never on
+    sm_80 or for fp32."""
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
     for q, kv, dtype, causal, mask in (((8, 16, 2048, 64), (8, 16, 2048, 64), "float16", False, False),
@@ -427,8 +428,11 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
             assert s["groups"] == 3 and "3 warpgroups" in s.why, s
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
+                         ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: fewer than 256
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
+    clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64)), h100)   # 256 and more: wgmma
+    assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3, clip
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 

@@ -62,12 +62,14 @@ def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2,
 
 
 def preferred(p: AttentionProblem) -> bool:
-    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: long prefill.
-    H100, 2026-11-23, both kernels on the same tensors (scripts/device_attention.py, fp16): 1.06-1.18x
-    faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill, B=8 H=16 S=2048);
-    slower on S <= 257 (BERT, ViT, CLIP, the seed: 0.78-0.93x), where 128-row tiles are mostly
-    padding or too few. Decoding and short cross-attention keep fused_mma (split-KV, packing)."""
-    return p.sq >= 1024 and p.sk >= 512
+    """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: prefill of 256
+    queries and keys or more. H100, both kernels on the same tensors (scripts/device_attention.py):
+    2026-11-23, 1.06-1.18x faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill,
+    B=8 H=16 S=2048); 2026-11-25, CLIP ViT-L/14 (S=257) 1.18x (fp16 20.8 vs 24.6 us, bf16 20.3 vs
+    24.7: 3 warpgroups pad 257 rows no worse than fused_mma's 128-row tiles) and Gemma D=256 1.16x;
+    slower below 256 (BERT S=128 0.77x, ViT S=197 0.81x, the seed 0.73x: one or two key tiles, or
+    rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing)."""
+    return p.sq >= 256 and p.sk >= 256
 
 
 def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
