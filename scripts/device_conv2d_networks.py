@@ -1,10 +1,12 @@
 """Whole torchvision networks with every nn.Conv2d swapped for jitops.conv2d, against the same
-network in torch (cuDNN, benchmark mode), fp16 or bf16, channels_last, random weights, CUDA-graph
-replay of the whole forward. Nothing else changes: BatchNorm, activations, pooling and the
+network in torch (cuDNN, benchmark mode), fp16 or bf16, channels_last (or NCHW with --layout nchw,
+on both sides: torch's default memory format), random weights, CUDA-graph replay of the whole
+forward. Nothing else changes: BatchNorm, activations, pooling and the
 classifier stay torch modules on both sides, so the ratio is what the convolutions alone give
 a user who swaps them in. Outputs are compared with the fp32 network (torch, no TF32).
 
   python3 scripts/device_conv2d_networks.py OUT_DIR [--nets resnet50,mobilenet_v3_large] [--batch 8]
+      [--layout nchw] [--layers]
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import jitops  # noqa: E402
 from conv2d_devkit import graph_us, picked, rel_err  # noqa: E402
 
 NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
-CL = torch.channels_last
+CL = torch.channels_last          # the memory format of both sides (--layout nchw: torch.contiguous_format)
 
 
 class JitConv(torch.nn.Module):
@@ -112,7 +114,8 @@ def per_layer(name: str, batch: int, dtype: torch.dtype) -> list[dict]:
             jitops.conv2d(x, w, b, **attrs)
             t_j = graph_us(lambda: jitops.conv2d(x, w, b, **attrs))
             t_v = graph_us(lambda: F.conv2d(x, w, b, st, pd, dl, g))
-            _, s = picked(xs, ws, attrs, str(dtype).split(".")[-1], "nhwc", b is not None)
+            _, s = picked(xs, ws, attrs, str(dtype).split(".")[-1], "nhwc" if CL == torch.channels_last else "",
+                          b is not None)
             rows.append({"x": xs, "w": ws, "attrs": attrs, "jitops_us": t_j, "cudnn_us": t_v, "ratio": t_v / t_j,
                          "pick": str(s)})
     rows.sort(key=lambda r: r["ratio"])
@@ -129,7 +132,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--layers", action="store_true", help="time each distinct conv of the networks instead")
+    ap.add_argument("--layout", choices=("channels_last", "nchw"), default="channels_last")
     args = ap.parse_args()
+    global CL
+    if args.layout == "nchw":
+        CL = torch.contiguous_format
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -138,7 +145,7 @@ def main() -> None:
     if args.layers:
         for name in args.nets.split(","):
             rows += [{"net": name, **r} for r in per_layer(name, args.batch, getattr(torch, args.dtypes))]
-        with open(os.path.join(args.out, "network_layers.json"), "w") as f:
+        with open(os.path.join(args.out, f"network_layers_{args.layout}.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
         return
     for dt in args.dtypes.split(","):
@@ -148,7 +155,7 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a network that fails is a result too
                 print(f"{name} {dt}: ERROR {exc}", flush=True)
                 rows.append({"net": name, "dtype": dt, "error": str(exc)[:400]})
-            with open(os.path.join(args.out, "networks.json"), "w") as f:
+            with open(os.path.join(args.out, f"networks_{args.layout}.json"), "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(),
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}, f, indent=1)
 

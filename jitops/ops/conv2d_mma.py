@@ -65,9 +65,10 @@ WARP_TILE_REGS = {(64, 64): 250, (64, 32): 160, (32, 64): 165, (32, 32): 110}
 
 
 def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split_k: int = 1,
-                 why: str = "") -> Schedule:
+                 why: str = "", a_nchw: bool = False) -> Schedule:
+    extra = {"a_nchw": 1} if a_nchw else {}
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, stages=stages, split_k=split_k,
-                         math="mma")
+                         math="mma", **extra)
 
 
 def splits_of(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
@@ -100,25 +101,41 @@ def channels(p: Conv2dProblem) -> tuple[int, int]:
     return p.cin, p.cin_g
 
 
-def needs_nhwc_copy(p: Conv2dProblem) -> bool:
-    """An NCHW input, or NHWC whose channels are not a multiple of 8, is copied to padded NHWC."""
+def needs_nhwc_copy(p: Conv2dProblem, s: Schedule | None = None) -> bool:
+    """An NCHW input, or NHWC whose channels are not a multiple of 8, is copied to padded NHWC
+    (not by an `a_nchw` schedule, which reads NCHW itself)."""
+    if s is not None and int(s.get("a_nchw", 0)):
+        return False
     return p.layout != "nhwc" or channels(p)[0] != p.cin
 
 
-def shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int = 2) -> int:
-    """Pipeline buffers (rows padded by 16 bytes) or the fp32 epilogue tile, whichever is larger."""
-    return max(stages * (bm + bn) * (bk + 16 // itemsize) * itemsize, bm * (bn + 8) * 4)
+def nchw_direct(p: Conv2dProblem) -> bool:
+    """Whether the GEMM can read this NCHW input in place (`a_nchw`): 1x1, stride 1, no padding,
+    one group, 16-bit, H * W a multiple of 8 (8-pixel chunks never straddle two images)."""
+    return (p.layout != "nhwc" and p.is_pointwise and p.groups == 1 and p.dtype in ("float16", "bfloat16")
+            and (p.h * p.w) % 8 == 0)
+
+
+def shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int = 2, a_nchw: bool = False) -> int:
+    """Pipeline buffers (rows padded by 16 bytes; an `a_nchw` A stage is [bk][bm + 8]) or the fp32
+    epilogue tile, whichever is larger."""
+    pad = 16 // itemsize
+    a = bk * (bm + pad) if a_nchw else bm * (bk + pad)
+    return max(stages * (a + bn * (bk + pad)) * itemsize, bm * (bn + 8) * 4)
 
 
 def tiles_for(p: Conv2dProblem) -> tuple[tuple[int, int, int, int, int, int], ...]:
     return TILES_F32 if p.dtype == "float32" else TILES
 
 
-def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
+def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo, a_nchw: bool = False) -> int:
     """Threads per block; ScheduleError when the tile cannot run here."""
     reason = why_not(p)
     if reason:
         raise ScheduleError(reason)
+    if a_nchw and not nchw_direct(p):
+        raise ScheduleError("a_nchw reads an NCHW input in place: 1x1, stride 1, no padding, one group, "
+                            "fp16 / bf16 and H * W a multiple of 8 only")
     if not device.matrix_cores:
         raise ScheduleError(f"{device.name} has no matrix cores usable from jitops templates")
     bm, bn, bk, wm, wn, stages = tile
@@ -132,9 +149,11 @@ def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> int:
     step = threads // kc
     if threads % kc or bm % step or bn % step:
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
+    if a_nchw and (threads % (bm // 8) or bk % (threads // (bm // 8))):
+        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share NCHW chunks evenly")
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
-    smem = shared_bytes(bm, bn, bk, stages, p.itemsize)
+    smem = shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}x{stages}: {smem} bytes of shared "
                             f"memory exceed {device.shared_per_block_optin} on {device.name}")
@@ -148,14 +167,15 @@ def k_padded(p: Conv2dProblem, bk: int) -> int:
 def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     tile = tile_of(s)
     bm, bn, bk, wm, wn, stages = tile
-    threads = _check(p, tile, device)
+    a_nchw = bool(int(s.get("a_nchw", 0)))
+    threads = _check(p, tile, device, a_nchw)
     splits, _ = splits_of(p, s)
     params = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages, "threads": threads,
               "async_copy": device.backend == "cuda", "mma_type": C_TYPE[p.dtype],
-              "precision": p.precision if p.dtype == "float32" else "none"}
+              "precision": p.precision if p.dtype == "float32" else "none", "a_nchw": a_nchw}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     return plan_around(p, s, "conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, threads,
-                       shared_bytes(bm, bn, bk, stages, p.itemsize))
+                       shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw))
 
 
 def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, params: dict, grid: tuple[int, int, int],
@@ -166,6 +186,8 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     from .conv2d_plans import _splitk_launch
     bk = int(s["bk"])
     cs, cgp = channels(p)
+    if int(s.get("a_nchw", 0)):
+        cs = p.cin                                 # the kernel reads channel rows of H * W pixels
     kp = k_padded(p, bk)
     splits, kt_per_split = splits_of(p, s)
     m = p.pixels
@@ -180,7 +202,7 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64, partial + 64)
     out_nhwc = p.layout == "nhwc"
     vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
-    copy = needs_nhwc_copy(p)
+    copy = needs_nhwc_copy(p, s)
     fused = splits == 1
     params = {**params, "ctype": ctype, "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
@@ -236,12 +258,13 @@ def _split_options(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) 
 
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     out = []
-    for tile in tiles_for(p):
-        try:
-            _check(p, tile, device)
-        except ScheduleError:
-            continue
-        out += [mma_schedule(*tile, split_k=s) for s in _split_options(p, tile, device)]
+    for a_nchw in ((False, True) if nchw_direct(p) else (False,)):
+        for tile in tiles_for(p):
+            try:
+                _check(p, tile, device, a_nchw)
+            except ScheduleError:
+                continue
+            out += [mma_schedule(*tile, split_k=s, a_nchw=a_nchw) for s in _split_options(p, tile, device)]
     return out
 
 
@@ -261,7 +284,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     math_per_flop = prm.fp32_math.get(p.precision, 1.0) if p.dtype == "float32" else 1.0
     key_bk = bk * p.itemsize // 2
     rate = peak_sm * prm.tile_rate.get((bm, bn, key_bk, wm, wn), 0.2) / math_per_flop
-    smem = shared_bytes(bm, bn, bk, stages, p.itemsize)
+    a_nchw = bool(int(s.get("a_nchw", 0)))
+    smem = shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw)
     threads = wm * wn * device.warp_size
     regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
     resident = max(1, min(device.shared_per_multiprocessor // smem, device.max_threads_per_multiprocessor // threads,
@@ -272,13 +296,13 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     occupancy = 1.0 if min(per_sm, resident) > 1 else prm.occ_floor
     compute = per_sm * 2.0 * bm * bn * (per * bk + prm.overhead_k) / (rate * occupancy)
     isz = p.itemsize
-    cs, _ = channels(p)
+    cs = p.cin if a_nchw else channels(p)[0]
     x_bytes = p.n * p.h * p.w * cs * isz
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
     w_bytes = p.cout * k_padded(p, bk) * isz
     memory = (x_bytes + y_bytes + w_bytes) / bandwidth
     t = launch_s + max(compute, memory)
-    if needs_nhwc_copy(p):
+    if needs_nhwc_copy(p, s):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
         t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (prm.split_eff * bandwidth)

@@ -143,7 +143,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         # fp16 problems (H100, 2026-11-24) mma.sync was >10% faster on 3, and the two cost models,
         # fitted apart, picked mma.sync on 53 where it lost up to 1.3x (launch-bound layers); in
         # TF32 wgmma ran 2.4x faster on geometric mean (29 problems, never slower).
-        pool = [s for s in pool if s.algorithm != mma.ALGORITHM]
+        # Kept: mma.sync reading an NCHW input in place (a_nchw), which wgmma cannot (it copies
+        # the input to NHWC first).
+        pool = [s for s in pool if s.algorithm != mma.ALGORITHM or int(s.get("a_nchw", 0))]
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]
         if not pool:
