@@ -121,7 +121,12 @@ def shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int = 2, a_nc
     epilogue tile, whichever is larger."""
     pad = 16 // itemsize
     a = bk * (bm + pad) if a_nchw else bm * (bk + pad)
-    return max(stages * (a + bn * (bk + pad)) * itemsize, bm * (bn + 8) * 4)
+    return max(stages * (a + bn * (bk + pad)) * itemsize, epilogue_bytes(bm, bn))
+
+
+def epilogue_bytes(bm: int, bn: int) -> int:
+    """The fp32 tile of the epilogue: [bm][bn + 8] for NHWC output, [bn][bm + 4] for NCHW."""
+    return max(bm * (bn + 8), bn * (bm + 4)) * 4
 
 
 def tiles_for(p: Conv2dProblem) -> tuple[tuple[int, int, int, int, int, int], ...]:

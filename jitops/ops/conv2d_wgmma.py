@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import Plan, Schedule, ceil_div
-from .conv2d_mma import channels, k_padded, needs_nhwc_copy, plan_around, splits_of
+from .conv2d_mma import channels, epilogue_bytes, k_padded, needs_nhwc_copy, plan_around, splits_of
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_wgmma"
@@ -94,7 +94,7 @@ def tile_of(s: Schedule) -> tuple[int, int, int, int]:
 def shared_bytes(bm: int, bn: int, stages: int) -> int:
     """The pipeline stages or the fp32 epilogue tile, whichever is larger (they share memory),
     plus 1024 bytes to align the swizzled stages."""
-    return max(stages * (bm + bn) * 128, bm * (bn + 8) * 4) + 1024
+    return max(stages * (bm + bn) * 128, epilogue_bytes(bm, bn)) + 1024
 
 
 def threads_of(bm: int, producer: int) -> int:
