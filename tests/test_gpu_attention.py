@@ -172,16 +172,20 @@ def test_non_default_stream_and_graph_capture():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [8, 40, 72, 80, 96, 160, 256])
 def test_any_head_dim_on_matrix_cores(dtype, d):
-    """Every D runs fused_mma (padded to a multiple of 16 in the kernel), with a mask and causal."""
+    """Every D runs fused_mma (padded to a multiple of 16 in the kernel), with a mask and causal; the
+    scheduler's pick (fused_wgmma on sm_90 from 256 queries and keys when D is a multiple of 8) too."""
     q, k, v = randn(2, 4, 300, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype)
     mask = randn(300, 333)
     check(q, k, v, schedule="fused_mma")
     check(q, k, v, mask, causal=True, schedule="fused_mma")
+    check(q, k, v)
+    check(q, k, v, mask, causal=True)
     op = get_op("attention")
     specs = {n: TensorSpec(tuple(t.shape), str(dtype).split(".")[1]) for n, t in (("q", q), ("k", k), ("v", v))}
     if jitops.get_backend().device.matrix_cores:
+        expect = "fused_wgmma" if hopper() and d % 8 == 0 else "fused_mma"
         assert op.heuristic(op.make_problem({**specs, "mask": None}, {}), jitops.get_backend().device).algorithm \
-            == "fused_mma"
+            == expect
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -208,7 +212,7 @@ def test_bf16_matches_sdpa():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [40, 72, 80, 96, 128, 160, 256])
+@pytest.mark.parametrize("d", [8, 40, 72, 80, 96, 128, 160, 256])
 def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
     """fused_wgmma (sm_90a) on each loop (stages 2 / 3) and tile shape: padded head dims, GQA 4:1, both
     diagonals with Sq != Sk."""
