@@ -4,7 +4,7 @@ kernel reading NCHW in place (`a_nchw`) against the NHWC-copy + wgmma path and c
     python3 scripts/device_conv2d_nchw.py OUT_DIR [--nets resnet50,mobilenet_v3_large,...] [--batch 8]
 
 Every distinct 1x1 / stride-1 / one-group conv of the torchvision networks at batch 8 whose H * W
-is a multiple of 8 (random weights, NCHW fp16): cuDNN (benchmark mode, NCHW), the heuristic's pick,
+is a multiple of 4 (random weights, NCHW fp16): cuDNN (benchmark mode, NCHW), the heuristic's pick,
 the pick with the a_nchw schedules taken out (what the scheduler picked before them: NHWC copy +
 wgmma), and every a_nchw candidate. Each schedule is checked against float64 (output NaN-poisoned)
 before it is timed; CUDA-graph replay. Writes OUT_DIR/conv2d_nchw.json.
@@ -40,7 +40,7 @@ def layers(names, batch):
             x = inp[0]
             key = (tuple(x.shape), tuple(mod.weight.shape), mod.bias is not None)
             if (mod.kernel_size == (1, 1) and mod.stride == (1, 1) and mod.groups == 1 and mod.padding == (0, 0)
-                    and (x.shape[2] * x.shape[3]) % 8 == 0 and key not in seen):
+                    and (x.shape[2] * x.shape[3]) % 4 == 0 and key not in seen):
                 seen.add(key)
                 out.append((name, key))
         hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]

@@ -95,7 +95,7 @@ def test_mma_multi_warp_tile(mma_emu, rng):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mma_reads_nchw_in_place(mma_emu, rng, dtype):
-    """a_nchw: a 1x1 on an NCHW input read in place (8-pixel chunks, fragments loaded transposed):
+    """a_nchw: a 1x1 on an NCHW input read in place (8- or 4-pixel chunks, fragments loaded transposed):
     no NHWC copy in the plan; tiles spanning two images, K past the channels (20 of 32), split-K
     with a residual, the 2x2-warp tile with BK 64."""
     spec = {"x": TensorSpec((3, 20, 4, 6), dtype), "w": TensorSpec((24, 20, 1, 1), dtype), "bias": None}
@@ -107,6 +107,9 @@ def test_mma_reads_nchw_in_place(mma_emu, rng, dtype):
                             (mma_schedule(32, 32, 32, 1, 1, 3, split_k=2, a_nchw=True), True)):
         err = run(rng, (3, 20, 4, 6), (24, 20, 1, 1), {"activation": "relu"}, dtype, sched, residual=residual)
         assert err <= TOL[dtype], (sched, err)
+        # H * W = 12: 4-pixel (8-byte) chunks
+        err = run(rng, (3, 20, 2, 6), (24, 20, 1, 1), {"activation": "relu"}, dtype, sched, residual=residual)
+        assert err <= TOL[dtype], (sched, "4-pixel chunks", err)
     with pytest.raises(ScheduleError, match="in place"):       # H * W = 35: chunks would straddle images
         op.plan(op.make_problem({"x": TensorSpec((1, 16, 5, 7), dtype), "w": TensorSpec((8, 16, 1, 1), dtype),
                                  "bias": None}, {}), mma_schedule(32, 32, 32, 1, 1, 2, a_nchw=True), mma_emu.device)

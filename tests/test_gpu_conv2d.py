@@ -267,11 +267,12 @@ def test_wgmma_matches_float64(gpu_backend, dtype, layout):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_mma_reads_nchw_in_place(gpu_backend, dtype):
     """a_nchw (mma.sync reading an NCHW input in place, no NHWC copy) on 1x1 convs: M tiles across
-    two images, K past the channels, N past the tile, split-K, bias + residual + ReLU, every tile."""
+    two images, K past the channels, N past the tile, split-K, bias + residual + ReLU, every tile;
+    14x14 (4-pixel chunks)."""
     from jitops.ops.conv2d_mma import candidates
     tol = 4e-3 if dtype == torch.float16 else 2e-2
     for i, (xs, ws) in enumerate((((2, 20, 12, 10), (24, 20, 1, 1)), ((3, 96, 8, 8), (200, 96, 1, 1)),
-                                  ((1, 256, 16, 16), (64, 256, 1, 1)))):
+                                  ((1, 256, 16, 16), (64, 256, 1, 1)), ((2, 64, 14, 14), (72, 64, 1, 1)))):
         x = rand(*xs, dtype=dtype, seed=i)
         w = rand(*ws, dtype=dtype, scale=ws[1] ** -0.5, seed=i + 10)
         b = rand(ws[0], dtype=dtype, seed=i + 20)

@@ -111,9 +111,14 @@ def needs_nhwc_copy(p: Conv2dProblem, s: Schedule | None = None) -> bool:
 
 def nchw_direct(p: Conv2dProblem) -> bool:
     """Whether the GEMM can read this NCHW input in place (`a_nchw`): 1x1, stride 1, no padding,
-    one group, 16-bit, H * W a multiple of 8 (8-pixel chunks never straddle two images)."""
+    one group, 16-bit, H * W a multiple of 4 (chunks of 8 or 4 pixels never straddle two images)."""
     return (p.layout != "nhwc" and p.is_pointwise and p.groups == 1 and p.dtype in ("float16", "bfloat16")
-            and (p.h * p.w) % 8 == 0)
+            and (p.h * p.w) % 4 == 0)
+
+
+def nchw_chunk(p: Conv2dProblem) -> int:
+    """Pixels per `a_nchw` load: 8 (16 bytes) where H * W allows, else 4 (8 bytes)."""
+    return 8 if (p.h * p.w) % 8 == 0 else 4
 
 
 def shared_bytes(bm: int, bn: int, bk: int, stages: int, itemsize: int = 2, a_nchw: bool = False) -> int:
@@ -140,7 +145,7 @@ def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo, a_nchw: 
         raise ScheduleError(reason)
     if a_nchw and not nchw_direct(p):
         raise ScheduleError("a_nchw reads an NCHW input in place: 1x1, stride 1, no padding, one group, "
-                            "fp16 / bf16 and H * W a multiple of 8 only")
+                            "fp16 / bf16 and H * W a multiple of 4 only")
     if not device.matrix_cores:
         raise ScheduleError(f"{device.name} has no matrix cores usable from jitops templates")
     bm, bn, bk, wm, wn, stages = tile
@@ -154,7 +159,8 @@ def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo, a_nchw: 
     step = threads // kc
     if threads % kc or bm % step or bn % step:
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
-    if a_nchw and (threads % (bm // 8) or bk % (threads // (bm // 8))):
+    mch = bm // nchw_chunk(p) if a_nchw else 1
+    if a_nchw and (threads % mch or bk % (threads // mch)):
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share NCHW chunks evenly")
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
@@ -177,7 +183,8 @@ def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     splits, _ = splits_of(p, s)
     params = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages, "threads": threads,
               "async_copy": device.backend == "cuda", "mma_type": C_TYPE[p.dtype],
-              "precision": p.precision if p.dtype == "float32" else "none", "a_nchw": a_nchw}
+              "precision": p.precision if p.dtype == "float32" else "none", "a_nchw": a_nchw,
+              "a_chunk": nchw_chunk(p) if a_nchw else 8}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     return plan_around(p, s, "conv2d/mma.hip.j2", "conv2d_implicit_gemm_mma", params, grid, threads,
                        shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw))
