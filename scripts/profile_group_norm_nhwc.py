@@ -12,16 +12,14 @@ kernel itself shows up by name.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
 import jitops
 from jitops.bench.timing import Timer
-from jitops.ops import group_norm_nhwc
+from jitops.ops import get_op, group_norm_nhwc
 from jitops.ops.base import TensorSpec
-from jitops.ops import get_op
 
 F = torch.nn.functional
 CL = torch.channels_last

@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 
 import jitops
-from jitops.ops import group_norm_nhwc
+from jitops.ops import get_op, group_norm_nhwc
 from jitops.ops.base import TensorSpec
-from jitops.ops import get_op
 
 CASES = [((8, 320, 64, 64), dict(threads=1024, rows=21, pixels_per_block=4096, slice_groups=1, vec=2)),
          ((2, 320, 64, 64), dict(threads=512, rows=6, pixels_per_block=306, slice_groups=8, vec=8)),
