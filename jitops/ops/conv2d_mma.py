@@ -159,9 +159,10 @@ def _check(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo, a_nchw: 
     step = threads // kc
     if threads % kc or bm % step or bn % step:
         raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share the loads evenly")
-    mch = bm // nchw_chunk(p) if a_nchw else 1
-    if a_nchw and (threads % mch or bk % (threads // mch)):
-        raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share NCHW chunks evenly")
+    if a_nchw:
+        chunks_per_row = bm // nchw_chunk(p)          # of one channel row of the A tile
+        if threads % chunks_per_row or bk % (threads // chunks_per_row):
+            raise ScheduleError(f"mma tile {bm}x{bn}x{bk}: {threads} threads cannot share NCHW chunks evenly")
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"mma tile: {threads} threads exceed {device.max_threads_per_block}")
     smem = shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw)

@@ -78,12 +78,9 @@ def heuristic(problem: Any, device: DeviceInfo, algorithm: str | None = None, **
     # whose slices do not fit the resident grid (H100: 8x320x64x64 fp16, 21 MB: 30 us against 46
     # us for the one launch's only fitting schedule, which `pick` does not take).
     if algorithm in ("onchip", None):
-        if forced_vec:
-            over["vec"] = vec
-        picked = _onchip(problem, device, vec, algorithm, over, why)
+        picked = _onchip(problem, device, vec, algorithm, {**over, "vec": vec} if forced_vec else over, why)
         if picked is not None:
             return picked
-        over.pop("vec", None)
     # the widest block (512 threads, fewer for wide rows of many channels) whose sums fit shared memory
     fitting = [t for t in (512, 256, 128, device.warp_size)
                if cv <= device.max_threads_per_block and
@@ -161,7 +158,7 @@ def _onchip(problem: Any, device: DeviceInfo, vec: int, algorithm: str | None, o
 
 def candidates(problem: Any, device: DeviceInfo) -> list[Schedule]:
     out = [heuristic(problem, device, "naive")]
-    _, c, hw, _ = _shape(problem)
+    _, _, hw, _ = _shape(problem)
     chosen = onchip.pick(problem, device) if device.backend != "cpu" else None
     out += ([chosen] if chosen is not None else []) + [s for _, s in onchip.options(problem, device)[:8]
                                                        if s != chosen]

@@ -114,10 +114,6 @@ MIN_RUN_BYTES = 160              # a slice's bytes per pixel when chunks meet at
 MIN_GROUP_BYTES = 16             # a group's bytes per pixel for a block per group (narrower: strided)
 
 
-def _score(problem: Any, device: DeviceInfo, gs: int, threads: int, rows: int, chunks: int, block: int) -> tuple:
-    """Listing order for the tuner: no barrier first, then fewer rows."""
-    return (chunks > 1, rows, -gs, threads)
-
 
 def pick(problem: Any, device: DeviceInfo) -> Schedule | None:
     """The scheduler's choice among `options`, or None (the two launches then).
@@ -175,10 +171,11 @@ def options(problem: Any, device: DeviceInfo, vec: int | None = None) -> list[tu
                     break                               # more rows than the slice has pixels
                 ppb = min(by * rows, hw)
                 try:
-                    _, block, chunks, _ = check(problem, device, v, threads, rows, ppb, gs)
+                    _, _, chunks, _ = check(problem, device, v, threads, rows, ppb, gs)
                 except ScheduleError:
                     continue
-                out.append((_score(problem, device, gs, threads, rows, chunks, block),
+                # listing order for the tuner: no barrier first, then fewer rows
+                out.append(((chunks > 1, rows, -gs, threads),
                             Schedule.make("onchip", vec=v, threads=threads, rows=rows, pixels_per_block=ppb,
                                           slice_groups=gs)))
                 if chunks == 1:
