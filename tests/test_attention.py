@@ -462,7 +462,8 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     backend = get_backend(target="sm_90")
     p = _hopper_problem((1, 4, 300, 72), (1, 2, 200, 72), "bfloat16", causal=True)
     for sched in (Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3),
-                  Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1)):
+                  Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1),
+                  Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, overlap=1)):
         source = engine.kernel_source(backend.device, op.plan(p, sched, backend.device).launches[0])
         ptx, text = nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
         assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
