@@ -23,23 +23,6 @@ BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
-OVERLAP_BLOCK_KS = (64, 96, 128, 160, 176, 192)   # overlap=1: any multiple of 16 wgmma's N takes
-REGISTER_FILE = 65536
-
-
-def producer_threads(producer: bool, overlap: bool) -> int:
-    """Threads that only copy: a warpgroup for the plain warp-specialized loop, one warp with
-    overlap=1 (the same registers per thread either way, see register_budget; fewer issue slots)."""
-    return (32 if overlap else 128) if producer else 0
-
-
-def register_budget(threads: int) -> int:
-    """Registers per thread ptxas may use with launch bounds (threads, 1): each of the 4 sub-partitions'
-    16K registers shared by the warps it holds, in 8s, at most 255 (so 2 consumer warpgroups and a
-    producer warp get 168, as with a producer warpgroup; NVRTC 13.5 did not allocate past this
-    entry count after setmaxnreg.inc either, so the kernel does not use it)."""
-    warps_per_part = ceil_div(ceil_div(threads, 32), 4)
-    return min(255, REGISTER_FILE // 4 // (32 * warps_per_part) // 8 * 8)
 
 
 def hopper(device: DeviceInfo) -> bool:
@@ -70,12 +53,8 @@ def registers(d: int, block_k: int) -> int:
     return block_k // 2 + padded_dim(d) // 2 + block_k // 4 + 40
 
 
-def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False,
-         overlap: bool = False) -> bool:
-    threads = 128 * groups + producer_threads(producer, overlap)
-    if overlap:
-        return (threads <= device.max_threads_per_block and registers(d, block_k) <= register_budget(threads)
-                and shared_bytes(d, groups, block_k, stages) <= device.shared_per_block_optin)
+def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False) -> bool:
+    threads = 128 * (groups + producer)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads < device.registers_per_multiprocessor   # 512 x 128: spills
             and registers(d, block_k) <= 255
@@ -166,15 +145,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
-    overlap = bool(int(schedule.get("overlap", 0)))
-    copy_warps = int(schedule.get("copy_warps", 1 if overlap else 4))
-    async_full = bool(int(schedule.get("async_full", overlap)))
-    if overlap and not producer:
-        raise ScheduleError("attention fused_wgmma: overlap=1 is the warp-specialized loop; it needs producer=1")
-    block_ks = OVERLAP_BLOCK_KS if overlap else BLOCK_KS
-    if groups not in GROUPS or bk not in block_ks or stages not in (RINGS if producer else STAGES):
+    if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if producer else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
-                            f"in {GROUPS}, {block_ks} and {RINGS if producer else STAGES}")
+                            f"in {GROUPS}, {BLOCK_KS} and {RINGS if producer else STAGES}")
     smem = shared_bytes(p.d, groups, bk, stages)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
@@ -183,14 +156,12 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     blocks = p.batch * p.heads * q_tiles
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
-    threads = 128 * groups + (32 * copy_warps if producer else 0)   # producer=1: more threads that only copy K/V
-    if not fits(p.d, groups, bk, device, stages, producer, overlap):
+    threads = 128 * (groups + producer)       # producer=1: one more warpgroup that only copies K/V
+    if not fits(p.d, groups, bk, device, stages, producer):
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "scale_positive": p.scale > 0, "producer": producer, "overlap": overlap,
-              "producer_threads": 32 * copy_warps, "async_full": async_full,
-              "copy_rows": bool(int(schedule.get("copy_rows", 0))), "pingpong": bool(int(schedule.get("pingpong", 0)))}
+              "scale_positive": p.scale > 0, "producer": producer}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     return Plan(launches=(Launch.make(TEMPLATE, "attention_fused_wgmma", params, (blocks,), (threads,), args,
