@@ -253,3 +253,8 @@ def test_wgmma_producer_warpgroup(dtype, d):
         check(q, k, v, schedule=sched)
         check(q, k, v, causal=True, schedule=sched)
         check(q, k, v, causal="bottom_right", schedule=sched)
+    # views 2 bytes off 16-byte alignment: the producer's plain-store path, released by the barrier
+    uq, uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (q, k, v))
+    assert uk.data_ptr() % 16
+    groups, block_k, ring = tiles[0]
+    check(uq, uk, uv, schedule=Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1))
