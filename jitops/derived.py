@@ -17,15 +17,22 @@ tells it (memory_released), so it forgets them before their next use.
 The stream an entry was filled or used on may be gone by the time it matters (ONNX Runtime
 destroys a session's stream with the session), so waiting for it is a device-wide synchronize:
 rare (a new stream, an eviction) and valid whatever became of the old stream.
+
+Inside a CUDA-graph capture a synchronize or a free would end the capture, so none happens there:
+the cache grows past its byte budget instead (one warning) and evicts at the first miss after the
+capture, and a stream hand-over is waited for at the next use outside it.
 """
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 from .runtime.fastlaunch import memory_released
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +61,7 @@ class DerivedCache:
         self.entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self.bytes = 0
         self.scratch: _Entry | None = None
+        self.warned_over_budget = False
 
     def get(self, identity: Hashable | None, stream: int, sources: Sequence[Any] = ()) -> tuple[dict[str, int], bool]:
         """Pointers of the derived workspaces for inputs of this identity, and whether they must be
@@ -62,34 +70,47 @@ class DerivedCache:
         if identity is None:
             if self.scratch is None:
                 self.scratch = self._allocate(stream)
-            elif self.scratch.stream != stream:
+            elif self.scratch.stream != stream and not self.backend.capturing(stream):
                 self.backend.synchronize()          # its last users (on another stream) may still read it
                 self.scratch.stream = stream
             return self.scratch.ptrs, True
         entry = self.entries.get(identity)
         if entry is not None and not entry.alive():
             # The memory it was computed from was freed and is now another tensor's: recompute in place.
-            self.backend.synchronize()
+            if not self.backend.capturing(stream):
+                self.backend.synchronize()
             memory_released()
             entry.guards, entry.stream, entry.shared = _guards(sources), stream, False
             self.entries.move_to_end(identity)
             return entry.ptrs, True
         if entry is not None:
             self.entries.move_to_end(identity)
-            if entry.stream != stream and not entry.shared:
+            if entry.stream != stream and not entry.shared and not self.backend.capturing(stream):
                 self.backend.synchronize()          # filled on another stream: make sure it is done
                 entry.shared = True
             return entry.ptrs, False
         need = sum(w.nbytes for w in self.workspaces)
-        while self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
-            _, old = self.entries.popitem(last=False)
-            self.backend.synchronize()              # in-flight kernels may still read it
-            self._free(old)
+        if self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
+            if self.backend.capturing(stream):
+                if not self.warned_over_budget:
+                    self.warned_over_budget = True
+                    log.warning("derived-data cache: %d entries, %.2f GB, past its %.2f GB budget inside a "
+                                "CUDA-graph capture (evicting would end the capture): it evicts at the first "
+                                "miss after the capture", len(self.entries), self.bytes / 1e9, self.max_bytes / 1e9)
+            else:
+                self._evict(need)
         entry = self._allocate(stream)
         entry.guards = _guards(sources)
         self.entries[identity] = entry
         self.bytes += entry.nbytes
         return entry.ptrs, True
+
+    def _evict(self, need: int) -> None:
+        """Least recently used first, until `need` more bytes and one more entry fit."""
+        self.backend.synchronize()                  # in-flight kernels may still read them
+        while self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
+            _, old = self.entries.popitem(last=False)
+            self._free(old)
 
     def _allocate(self, stream: int) -> _Entry:
         ptrs, total = {}, 0

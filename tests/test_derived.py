@@ -84,15 +84,17 @@ def test_freed_weight_memory_reused_by_a_new_tensor_is_transformed_again(emu, rn
 
 
 class _Recorder:
-    """A backend that allocates nothing and records the streams it is asked to synchronize."""
+    """A backend that allocates nothing and records the streams it is asked to synchronize (and the
+    frees); `captured` holds the streams being captured into a CUDA graph."""
 
-    def __init__(self, syncs: list):
-        self.syncs = syncs
+    def __init__(self, syncs: list, frees: list | None = None):
+        self.syncs, self.frees, self.captured = syncs, frees if frees is not None else [], set()
 
     def alloc(self, n): return 1
-    def free(self, p): pass
+    def free(self, p): self.frees.append(p)
     def memset(self, *a): pass
     def synchronize(self, stream=0): self.syncs.append(stream)
+    def capturing(self, stream=0): return stream in self.captured
 
 
 def test_stale_stream_of_a_scratch_entry_is_not_waited_on(emu, rng):
@@ -122,3 +124,29 @@ def test_a_stage_of_many_same_shape_layers_keeps_every_weight():
         fresh = [cache.get(("w", k), stream=7)[1] for k in range(64)]
         assert all(fresh) if rounds == 0 else not any(fresh)
     assert syncs == [] and len(cache.entries) == 64
+
+
+def test_no_synchronize_or_free_inside_a_graph_capture(caplog):
+    """Past the byte budget inside a capture the cache grows (one warning) instead of evicting: a
+    synchronize or a free would end the capture. The first miss after it evicts back to the budget;
+    a stream hand-over seen inside it is waited for at the next use outside."""
+    from jitops.derived import DerivedCache
+    from jitops.ops.base import Workspace
+
+    syncs, frees = [], []
+    backend = _Recorder(syncs, frees)
+    cache = DerivedCache([Workspace("t", 100, derived_from=("w",))], backend, max_bytes=300)
+    for k in range(3):
+        cache.get(("w", k), stream=5)
+    backend.captured.add(7)
+    with caplog.at_level("WARNING", logger="jitops.derived"):
+        for k in range(3, 6):
+            assert cache.get(("w", k), stream=7)[1]
+        assert not cache.get(("w", 0), stream=7)[1]          # filled on stream 5, used in the capture
+    assert syncs == [] and frees == [] and cache.bytes == 600 and len(cache.entries) == 6
+    assert sum("CUDA-graph capture" in r.message for r in caplog.records) == 1
+    backend.captured.clear()
+    cache.get(("w", 0), stream=7)                             # outside: the hand-over is waited for now
+    assert syncs == [0]
+    cache.get(("w", 6), stream=7)                             # a miss: back under the budget
+    assert syncs == [0, 0] and cache.bytes <= 300 and len(frees) == 4 and ("w", 6) in cache.entries

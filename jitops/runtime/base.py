@@ -134,6 +134,11 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self, stream: int = 0) -> None: ...
 
+    def capturing(self, stream: int = 0) -> bool:
+        """Whether `stream` is being captured into a CUDA graph (a synchronize or a free would end
+        the capture). Backends without graphs: never."""
+        return False
+
     def create_stream(self) -> int:
         return 0
 

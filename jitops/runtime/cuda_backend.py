@@ -305,6 +305,14 @@ class CudaBackend(Backend):
         else:
             drv.call("cuCtxSynchronize")
 
+    def capturing(self, stream: int = 0) -> bool:
+        status = ctypes.c_int()
+        code = drv.libcuda().cuStreamIsCapturing(stream, ctypes.byref(status))
+        if code == drv.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+            return True
+        drv.check(code, "cuStreamIsCapturing")
+        return status.value != 0       # active, or invalidated (still inside a capture)
+
     def create_stream(self) -> int:
         self._ensure_context()
         return drv.out_ptr("cuStreamCreate", 1)   # non-blocking

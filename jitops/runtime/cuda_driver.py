@@ -23,6 +23,7 @@ ATTR = {
 FUNC_ATTR = {"max_threads_per_block": 0, "shared_size_bytes": 1, "local_size_bytes": 3, "num_regs": 4,
              "max_dynamic_shared_size_bytes": 8}
 CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906   # asked of the legacy stream while another stream captures
 
 _c = ctypes
 _vp = _c.c_void_p
@@ -49,6 +50,7 @@ _SIGNATURES: dict[str, list] = {
     "cuStreamCreate": [_c.POINTER(_vp), _c.c_uint],
     "cuStreamDestroy_v2": [_vp],
     "cuStreamSynchronize": [_vp],
+    "cuStreamIsCapturing": [_vp, _c.POINTER(_c.c_int)],
     "cuEventCreate": [_c.POINTER(_vp), _c.c_uint],
     "cuEventRecord": [_vp, _vp],
     "cuEventSynchronize": [_vp],
