@@ -90,7 +90,7 @@ class DerivedCache:
                 entry.shared = True
             return entry.ptrs, False
         need = sum(w.nbytes for w in self.workspaces)
-        if self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
+        if self._over_budget(need):
             if self.backend.capturing(stream):
                 if not self.warned_over_budget:
                     self.warned_over_budget = True
@@ -105,10 +105,14 @@ class DerivedCache:
         self.bytes += entry.nbytes
         return entry.ptrs, True
 
+    def _over_budget(self, need: int) -> bool:
+        """Whether one more entry of `need` bytes would pass the entry or byte budget (with entries to evict)."""
+        return bool(self.entries) and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes)
+
     def _evict(self, need: int) -> None:
         """Least recently used first, until `need` more bytes and one more entry fit."""
         self.backend.synchronize()                  # in-flight kernels may still read them
-        while self.entries and (len(self.entries) >= self.max_entries or self.bytes + need > self.max_bytes):
+        while self._over_budget(need):
             _, old = self.entries.popitem(last=False)
             self._free(old)
 

@@ -101,10 +101,21 @@ def channels(p: Conv2dProblem) -> tuple[int, int]:
     return p.cin, p.cin_g
 
 
+def reads_nchw(s: Schedule) -> bool:
+    """Whether the schedule is an `a_nchw` one: mma.sync reading the NCHW input in place."""
+    return bool(int(s.get("a_nchw", 0)))
+
+
+def a_channels(p: Conv2dProblem, s: Schedule) -> int:
+    """Channels of the A rows the GEMM reads: the input's own with `a_nchw` (rows of H * W pixels),
+    else those of the (possibly padded) NHWC copy."""
+    return p.cin if reads_nchw(s) else channels(p)[0]
+
+
 def needs_nhwc_copy(p: Conv2dProblem, s: Schedule | None = None) -> bool:
     """An NCHW input, or NHWC whose channels are not a multiple of 8, is copied to padded NHWC
     (not by an `a_nchw` schedule, which reads NCHW itself)."""
-    if s is not None and int(s.get("a_nchw", 0)):
+    if s is not None and reads_nchw(s):
         return False
     return p.layout != "nhwc" or channels(p)[0] != p.cin
 
@@ -179,7 +190,7 @@ def k_padded(p: Conv2dProblem, bk: int) -> int:
 def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     tile = tile_of(s)
     bm, bn, bk, wm, wn, stages = tile
-    a_nchw = bool(int(s.get("a_nchw", 0)))
+    a_nchw = reads_nchw(s)
     threads = _check(p, tile, device, a_nchw)
     splits, _ = splits_of(p, s)
     params = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": stages, "threads": threads,
@@ -198,9 +209,7 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     needed, and the split-K reduction."""
     from .conv2d_plans import _splitk_launch
     bk = int(s["bk"])
-    cs, cgp = channels(p)
-    if int(s.get("a_nchw", 0)):
-        cs = p.cin                                 # the kernel reads channel rows of H * W pixels
+    cs, cgp = a_channels(p, s), channels(p)[1]
     kp = k_padded(p, bk)
     splits, kt_per_split = splits_of(p, s)
     m = p.pixels
@@ -297,8 +306,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     math_per_flop = prm.fp32_math.get(p.precision, 1.0) if p.dtype == "float32" else 1.0
     key_bk = bk * p.itemsize // 2
     rate = peak_sm * prm.tile_rate.get((bm, bn, key_bk, wm, wn), 0.2) / math_per_flop
-    a_nchw = bool(int(s.get("a_nchw", 0)))
-    smem = shared_bytes(bm, bn, bk, stages, p.itemsize, a_nchw)
+    smem = shared_bytes(bm, bn, bk, stages, p.itemsize, reads_nchw(s))
     threads = wm * wn * device.warp_size
     regs = WARP_TILE_REGS.get((bm // wm, bn // wn), 200)
     resident = max(1, min(device.shared_per_multiprocessor // smem, device.max_threads_per_multiprocessor // threads,
@@ -309,8 +317,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     occupancy = 1.0 if min(per_sm, resident) > 1 else prm.occ_floor
     compute = per_sm * 2.0 * bm * bn * (per * bk + prm.overhead_k) / (rate * occupancy)
     isz = p.itemsize
-    cs = p.cin if a_nchw else channels(p)[0]
-    x_bytes = p.n * p.h * p.w * cs * isz
+    x_bytes = p.n * p.h * p.w * a_channels(p, s) * isz
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
     w_bytes = p.cout * k_padded(p, bk) * isz
     memory = (x_bytes + y_bytes + w_bytes) / bandwidth

@@ -145,7 +145,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         # TF32 wgmma ran 2.4x faster on geometric mean (29 problems, never slower).
         # Kept: mma.sync reading an NCHW input in place (a_nchw), which wgmma cannot (it copies
         # the input to NHWC first).
-        pool = [s for s in pool if s.algorithm != mma.ALGORITHM or int(s.get("a_nchw", 0))]
+        pool = [s for s in pool if s.algorithm != mma.ALGORITHM or mma.reads_nchw(s)]
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]
         if not pool:

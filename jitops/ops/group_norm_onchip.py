@@ -114,6 +114,10 @@ MIN_RUN_BYTES = 160              # a slice's bytes per pixel when chunks meet at
 MIN_GROUP_BYTES = 16             # a group's bytes per pixel for a block per group (narrower: strided)
 
 
+def slice_sizes(groups: int) -> list[int]:
+    """The slice widths, in groups, that tile `groups`: its divisors, smallest first."""
+    return [d for d in range(1, groups + 1) if groups % d == 0]
+
 
 def pick(problem: Any, device: DeviceInfo) -> Schedule | None:
     """The scheduler's choice among `options`, or None (the two launches then).
@@ -137,7 +141,7 @@ def pick(problem: Any, device: DeviceInfo) -> Schedule | None:
                  and int(s["threads"]) in (256, 512)]
         if whole:
             return min(whole, key=lambda s: int(s["threads"]))
-    wide = [d for d in range(1, groups + 1) if groups % d == 0 and d * cpg * itemsize >= MIN_RUN_BYTES]
+    wide = [d for d in slice_sizes(groups) if d * cpg * itemsize >= MIN_RUN_BYTES]
     gs = wide[0] if wide else groups
     fam = [s for s in opts if int(s["slice_groups"]) == gs]
     for threads in (256, 512, 1024):
@@ -154,7 +158,7 @@ def options(problem: Any, device: DeviceInfo, vec: int | None = None) -> list[tu
     c, hw, groups = problem.channels, problem.plane, problem.groups
     itemsize = ITEMSIZE[problem.dtype]
     out: list[tuple[tuple, Schedule]] = []
-    for gs in [d for d in range(1, groups + 1) if groups % d == 0]:
+    for gs in slice_sizes(groups):
         cs = gs * (c // groups)
         widths = vector_widths(cs, itemsize)
         if vec is not None and gs == groups:
