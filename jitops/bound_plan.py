@@ -117,6 +117,8 @@ class BoundPlan:
         """
         if self.temps or self.kept or self.prepare_steps or self.derived is not None or self.set_sizes:
             return None
+        if any(step.tmaps for step, _ in self.steps):
+            return None     # tensor maps are encoded from the pointers: the general loop (prepared.bind)
         ns: dict[str, Any] = {"signature": signature, "NoFastPath": NoFastPath, "lock": self.lock,
                               "stream_of": self.stream, "alloc": self.alloc, "alloc_like": self.alloc_like}
         lines = ["def fast(inputs, out):"]

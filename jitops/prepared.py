@@ -12,6 +12,8 @@ streams) from `persistent_workspace`, derived ones through `prepare_for`.
 """
 from __future__ import annotations
 
+import ctypes
+
 import logging
 import threading
 from collections import OrderedDict
@@ -25,7 +27,7 @@ from .derived import DerivedCache
 from .device import DeviceInfo
 from .errors import ArgumentError
 from .ops import get_op
-from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule
+from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorMap
 from .records import plan_failure, store as record_store
 from .runtime.base import Backend, Kernel, PackedArgs
 
@@ -74,6 +76,7 @@ class Step:
     packed: PackedArgs
     slots: tuple[Slot, ...]
     run: Any = None     # backend.bind_launch(...): (packed, stream) -> None
+    tmaps: tuple = ()   # (argument index, buffer name, encode(ptr) -> 128 bytes): TMA tensor maps
 
 
 @dataclass
@@ -106,12 +109,16 @@ def _make_step(op: str, launch: Launch, backend: Backend, sizes: Mapping[str, tu
                workspaces: set[str]) -> Step:
     source = kernel_source(backend.device, launch)
     kernel = loader().kernels(backend, source, [launch.kernel], _label(op, launch))[launch.kernel]
-    kinds, names, slots = [], [], []
+    kinds, names, slots, tmaps = [], [], [], []
     for i, a in enumerate(launch.args):
         if isinstance(a, Buf):
             kinds.append("ptr")
             names.append(a.name)
             slots.append(Slot(i, a.name, *sizes[a.name], a.name in workspaces))
+        elif isinstance(a, TensorMap):
+            kinds.append("tmap")
+            names.append(f"{a.name}_map")
+            tmaps.append((i, a.name, _map_encoder(backend, a)))
         else:
             kinds.append(a.kind)
             names.append(f"arg{i}")
@@ -120,7 +127,22 @@ def _make_step(op: str, launch: Launch, backend: Backend, sizes: Mapping[str, tu
         if isinstance(a, Scalar):
             packed.set(i, a.value)
     run = backend.bind_launch(kernel, launch.grid, launch.block, launch.shared_bytes)
-    return Step(launch, kernel, packed, tuple(slots), run)
+    return Step(launch, kernel, packed, tuple(slots), run, tuple(tmaps))
+
+
+def _map_encoder(backend: Backend, spec: TensorMap) -> Any:
+    """ptr -> the 128 bytes of spec's tensor map over ptr, remembering the last few pointers (a plan
+    runs on the same buffers call after call; encoding costs a driver call)."""
+    memo: dict[int, bytes] = {}
+
+    def encode(ptr: int) -> bytes:
+        blob = memo.get(ptr)
+        if blob is None:
+            if len(memo) >= 16:
+                memo.clear()
+            blob = memo[ptr] = backend.tensor_map(ptr, spec.dtype, spec.dims, spec.box, spec.swizzle)
+        return blob
+    return encode
 
 
 def _buffer_sizes(problem: Any, plan: Plan) -> dict[str, tuple[int, int]]:
@@ -189,6 +211,8 @@ def bind(step: Step, pointers: Mapping[str, int]) -> None:
     packed = step.packed
     for slot in step.slots:
         packed.set_buffer(slot.index, pointers[slot.buffer], slot.nbytes, slot.itemsize)
+    for index, buffer, encode in step.tmaps:
+        ctypes.memmove(ctypes.addressof(packed.values[index]), encode(pointers[buffer]), 128)
 
 
 def bind_and_launch(step: Step, pointers: Mapping[str, int], stream: int) -> None:

@@ -233,6 +233,28 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [40, 64, 72, 128])
+def test_wgmma_tma_loads(dtype, d):
+    """fused_wgmma with K / V tiles loaded by TMA into the 128-byte swizzle (tma=1, EXPERIMENTAL):
+    rows past Sk and columns past D (40, 72: partial 64-column blocks) land as zeros, a ring that
+    wraps, a warpgroup past the last row, GQA 4:1, both causal diagonals, unaligned views."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.base import Schedule
+    q = randn(2, 8, 90, d, dtype=dtype)
+    k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
+    device = jitops.get_backend().device
+    tiles = [t for t in ((2, 64, 3), (2, 128, 3), (3, 64, 4)) if fits(d, t[0], t[1], device, t[2], True)]
+    assert tiles, f"no producer tile fits D={d}"
+    for groups, block_k, ring in tiles:
+        sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1, tma=1)
+        check(q, k, v, schedule=sched)
+        check(q, k, v, causal=True, schedule=sched)
+        check(q, k, v, causal="bottom_right", schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 128])
 def test_wgmma_producer_warpgroup(dtype, d):
     """The warp-specialized fused_wgmma (a producer warpgroup, mbarrier ring of 2-4 K/V buffers):

@@ -14,7 +14,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, padded_dim
 from .attention_problem import AttentionProblem
-from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
+from .base import Buf, Launch, Plan, Scalar, Schedule, TensorMap, ceil_div
 
 TEMPLATE = "attention/fused_wgmma.hip.j2"
 MAX_DIM = 256
@@ -41,11 +41,15 @@ def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2) -> int:
+def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2, tma: bool = False) -> int:
     """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes (and the
-    producer's ring barriers, 16 bytes per buffer, in static shared memory)."""
+    producer's ring barriers, 16 bytes per buffer, in static shared memory). tma: K and V tiles of
+    ceil(DP/64) blocks of rows x 128 bytes (the 128-byte swizzle), 1024-byte aligned (1 KB of slack)."""
     chunks = padded_dim(d) // 8
-    return chunks * ((64 * groups * 16 + 64) + 2 * stages * (block_k * 16 + 64)) + 16 * stages
+    q = chunks * (64 * groups * 16 + 64)
+    if tma:
+        return q + 1024 + 2 * stages * (-(-padded_dim(d) // 64)) * block_k * 128 + 16 * stages
+    return q + chunks * 2 * stages * (block_k * 16 + 64) + 16 * stages
 
 
 def registers(d: int, block_k: int) -> int:
@@ -145,10 +149,13 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
+    tma = bool(int(schedule.get("tma", 0)))
+    if tma and not producer:
+        raise ScheduleError("attention fused_wgmma: tma=1 loads K / V in the producer warpgroup; it needs producer=1")
     if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if producer else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
                             f"in {GROUPS}, {BLOCK_KS} and {RINGS if producer else STAGES}")
-    smem = shared_bytes(p.d, groups, bk, stages)
+    smem = shared_bytes(p.d, groups, bk, stages, tma)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
@@ -161,8 +168,11 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "scale_positive": p.scale > 0, "producer": producer}
+              "scale_positive": p.scale > 0, "producer": producer, "tma": tma}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
+        kv_heads = p.batch * p.kv_heads
+        args += tuple(TensorMap(n, p.dtype, (p.d, p.sk, kv_heads), (64, bk, 1)) for n in ("k", "v"))
     return Plan(launches=(Launch.make(TEMPLATE, "attention_fused_wgmma", params, (blocks,), (threads,), args,
                                       smem),))

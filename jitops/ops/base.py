@@ -118,18 +118,32 @@ class Scalar:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A by-value tensor-map argument (Hopper TMA) describing buffer `name` as a tensor of `dims`
+    elements (innermost first, dense rows: each dim's stride is the product of the ones before),
+    copied in boxes of `box` elements with a `swizzle` of 0, 32, 64 or 128 bytes; the backend
+    encodes it from the buffer's address at every bind (elements outside the tensor read as zeros)."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+
+@dataclass(frozen=True)
 class Launch:
     template: str
     kernel: str
     params: tuple[tuple[str, Any], ...]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    args: tuple[Buf | Scalar, ...]
+    args: tuple[Buf | Scalar | TensorMap, ...]
     shared_bytes: int = 0
 
     @staticmethod
     def make(template: str, kernel: str, params: Mapping[str, Any], grid: Sequence[int], block: Sequence[int],
-             args: Iterable[Buf | Scalar], shared_bytes: int = 0) -> "Launch":
+             args: Iterable[Buf | Scalar | TensorMap], shared_bytes: int = 0) -> "Launch":
         g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         b = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         return Launch(template, kernel, frozen_items({**params, "kernel_name": kernel}), g, b, tuple(args),

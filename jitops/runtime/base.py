@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from .. import config
 from ..device import DeviceInfo
-from ..errors import DeviceRequired
+from ..errors import BackendUnavailable, DeviceRequired
 
 # Scalar argument kinds a kernel may take, with their ctypes.
 SCALAR_CTYPES: dict[str, type] = {
@@ -22,6 +22,7 @@ SCALAR_CTYPES: dict[str, type] = {
     "f32": ctypes.c_float,
     "f64": ctypes.c_double,
     "ptr": ctypes.c_uint64,
+    "tmap": ctypes.c_uint64 * 16,   # a 128-byte tensor map (TMA), passed by value
 }
 
 
@@ -133,6 +134,10 @@ class Backend(ABC):
 
     @abstractmethod
     def synchronize(self, stream: int = 0) -> None: ...
+
+    def tensor_map(self, ptr: int, dtype: str, dims: Sequence[int], box: Sequence[int], swizzle: int) -> bytes:
+        """The 128 bytes of a TMA tensor map over `ptr` (see ops.base.TensorMap). Only CUDA has TMA."""
+        raise BackendUnavailable(f"{self.name} backend: no tensor maps (TMA is an sm_90 feature)")
 
     def capturing(self, stream: int = 0) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a synchronize or a free would end

@@ -51,6 +51,8 @@ _SIGNATURES: dict[str, list] = {
     "cuStreamDestroy_v2": [_vp],
     "cuStreamSynchronize": [_vp],
     "cuStreamIsCapturing": [_vp, _c.POINTER(_c.c_int)],
+    "cuTensorMapEncodeTiled": [_vp, _c.c_int, _c.c_uint32, _vp, _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_uint64),
+                               _c.POINTER(_c.c_uint32), _c.POINTER(_c.c_uint32), _c.c_int, _c.c_int, _c.c_int, _c.c_int],
     "cuEventCreate": [_c.POINTER(_vp), _c.c_uint],
     "cuEventRecord": [_vp, _vp],
     "cuEventSynchronize": [_vp],
@@ -114,3 +116,28 @@ def out_ptr(name: str, *args: Any) -> int:
 def launch_entry_address() -> int:
     """Address of cuLaunchKernel, for the native launcher."""
     return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
+
+
+# CUtensorMapDataType values (cuda.h) with the element size, and CUtensorMapSwizzle values.
+TENSOR_MAP_DTYPE = {"float16": (6, 2), "float32": (7, 4), "bfloat16": (9, 2)}
+TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+TENSOR_MAP_L2_PROMOTION_256B = 3
+
+
+def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int) -> bytes:
+    """cuTensorMapEncodeTiled for a dense tensor (innermost dim first), zeros outside it. The driver
+    wants the 128-byte CUtensorMap 64-byte aligned: it is written into an over-sized buffer."""
+    code, itemsize = TENSOR_MAP_DTYPE[dtype]
+    rank = len(dims)
+    strides = []
+    step = itemsize
+    for d in dims[:-1]:
+        step *= int(d)
+        strides.append(step)
+    buf = (ctypes.c_ubyte * 192)()
+    base = (ctypes.addressof(buf) + 63) & ~63
+    call("cuTensorMapEncodeTiled", base, code, rank, ptr,
+         (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+         (ctypes.c_uint32 * rank)(*[int(b) for b in box]), (ctypes.c_uint32 * rank)(*([1] * rank)),
+         0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
+    return ctypes.string_at(base, 128)
