@@ -237,7 +237,8 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
 def test_wgmma_tma_loads(dtype, d):
     """fused_wgmma with K / V tiles loaded by TMA into the 128-byte swizzle (tma=1, EXPERIMENTAL):
     rows past Sk and columns past D (40, 72: partial 64-column blocks) land as zeros, a ring that
-    wraps, a warpgroup past the last row, GQA 4:1, both causal diagonals, unaligned views."""
+    wraps, a warpgroup past the last row, GQA 4:1, both causal diagonals. (K and V must be 16-byte
+    aligned: the map's encode fails otherwise; the engine does not yet fall back for such views.)"""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
     from jitops.ops.attention_wgmma import fits
