@@ -421,18 +421,24 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         assert op.heuristic(p, a100).algorithm == "fused_mma"
         assert any(c.algorithm == "fused_wgmma" for c in op.candidates(p, h100))
         assert not any(c.algorithm == "fused_wgmma" for c in op.candidates(p, a100))
-        # without causal masking and up to DP = 64: the producer warpgroup (measured 1.00-1.10x there)
-        producer = not causal and q[-1] <= 64
-        assert bool(s.get("producer", 0)) == producer and ("producer warpgroup" in s.why) == producer, s
-        if q == (8, 16, 2048, 64):      # many blocks, little padding: 3 consumer warpgroups
-            assert s["groups"] == 3 and "3 warpgroups" in s.why, s
+        # up to D = 128: a producer warpgroup loading K / V by TMA; D = 256: the plain loop (registers)
+        tma = q[-1] <= 128
+        assert bool(s.get("producer", 0)) == tma and bool(s.get("tma", 0)) == tma and ("by TMA" in s.why) == tma, s
+        if q == (8, 16, 2048, 64):      # D = 64 without causal masking: 2 warpgroups, 128-key tiles
+            assert (s["groups"], s["block_k"], s["stages"]) == (2, 128, 3), s
+        if q == (2, 8, 4096, 40):       # D = 40: 3 consumer warpgroups are worth their padding
+            assert (s["groups"], s["block_k"], s["stages"]) == (3, 64, 4) and "3 consumer warpgroups" in s.why, s
+        if q[-1] == 128:
+            assert (s["groups"], s["block_k"], s["stages"]) == (2, 64, 3), s
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
                          ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: fewer than 256
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
     clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64)), h100)   # 256 and more: wgmma
-    assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3, clip
+    assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["tma"] == 1, clip
+    causal = op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), causal=True), h100)
+    assert (causal["groups"], causal["block_k"], causal["tma"]) == (3, 64, 1), causal   # 64-key tiles: less diagonal waste
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 

@@ -1,6 +1,6 @@
-"""TMA tensor maps (EXPERIMENTAL, branch exp/tma-attention; not yet run on a GPU): the by-value
-argument's plumbing (encoded from the buffer's pointer at every bind, remembered per pointer), the
-driver call's arguments, and fused_wgmma's tma=1 plan and sm_90a compile."""
+"""TMA tensor maps: the by-value argument's plumbing (encoded from the buffer's pointer at every
+bind, remembered per pointer, empty for pointers off 16-byte alignment), the driver call's
+arguments, and fused_wgmma's tma=1 plan and sm_90a compile (the kernels run in test_gpu_attention)."""
 from __future__ import annotations
 
 import ctypes
@@ -33,6 +33,8 @@ def test_bind_writes_the_map_encoded_from_the_buffer_pointer():
         assert packed.values[0].value == ptr
         assert bytes(packed.values[1]) == ptr.to_bytes(8, "little") * 16
     assert seen == [(0x1000, "float16", (64, 100, 6), (64, 64, 1), 128), (0x2000, "float16", (64, 100, 6), (64, 64, 1), 128)]
+    bind(step, {"k": 0x3002})                  # off 16-byte alignment: no driver call, an empty map
+    assert packed.values[0].value == 0x3002 and bytes(packed.values[1]) == bytes(128) and len(seen) == 2
 
 
 def test_encode_passes_dense_strides_and_the_swizzle(monkeypatch):

@@ -7,6 +7,10 @@ that are multiples of 8 up to 256 (padded to 16 inside), GQA, causal, additive m
 (few query rows) stays on fused_mma, whose split-KV and head packing fit it. D = 256 (Gemma) runs
 2 warpgroups x 64-key tiles in 198 registers (NVRTC 13.5, no spills) and 207 KiB of shared
 memory: 1.16x fused_mma on the H100 (2026-11-25, Gemma-7B prefill, 163 vs 189 us).
+
+Up to D = 128 the scheduler picks the warp-specialized loop with K / V loaded by TMA (`tma=1`: one
+producer thread, 128-byte-swizzled tiles, tensor maps encoded at bind): 1.13-1.49x the cp.async
+producer on the H100 model shapes (2026-11-25).
 """
 from __future__ import annotations
 
@@ -57,12 +61,13 @@ def registers(d: int, block_k: int) -> int:
     return block_k // 2 + padded_dim(d) // 2 + block_k // 4 + 40
 
 
-def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False) -> bool:
+def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False,
+         tma: bool = False) -> bool:
     threads = 128 * (groups + producer)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads < device.registers_per_multiprocessor   # 512 x 128: spills
             and registers(d, block_k) <= 255
-            and shared_bytes(d, groups, block_k, stages) <= device.shared_per_block_optin)
+            and shared_bytes(d, groups, block_k, stages, tma) <= device.shared_per_block_optin)
 
 
 def preferred(p: AttentionProblem) -> bool:
@@ -77,7 +82,8 @@ def preferred(p: AttentionProblem) -> bool:
 
 
 def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
-    """(groups, block_k, stages, producer). H100 sweeps (2026-11-23, fp16, graph replay,
+    """(groups, block_k, stages, producer) of the loop without TMA (the fallback where the TMA
+    schedules do not fit: D > 128). H100 sweeps (2026-11-23, fp16, graph replay,
     scripts/device_attention.py): up to DP = 64, 2 warpgroups with 128-key tiles; without causal
     masking the warp-specialized loop (a producer warpgroup, a ring of 3 K/V buffers) was as fast or
     faster (SDXL 1.10x, SD 1.5 1.03x, Whisper 1.02x, B=8 H=16 S=2048 1.00x), with causal masking it
@@ -89,7 +95,15 @@ def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
     return (2, 128, 2, False) if causal else (2, 128, 3, True)
 
 
-THREE_GROUP_GAIN = 1.11   # H100, 2026-11-23: 3 consumer warpgroups vs 2 at equal padding and waves
+def three_group_gain(d: int, causal: bool) -> float:
+    """How much faster 3 consumer warpgroups (192 query rows, 64-key tiles, a ring of 4) run than 2
+    (128 rows, 128-key tiles, a ring of 3) per unit of work, both on TMA loads. H100, 2026-11-25 (fp16,
+    graph replay, same run; the time ratio corrected for padding and waves by _occupancy): SD 1.5
+    D = 40 1.18, B=8 H=16 S=2048 causal 1.10 (64-key tiles waste less of the diagonal), without
+    causal masking at D = 64 0.98-1.00 (B=8 H=16 S=2048, SDXL)."""
+    if padded_dim(d) < 64:
+        return 1.18
+    return 1.10 if causal else 1.0
 
 
 def _occupancy(p: AttentionProblem, groups: int, device: DeviceInfo) -> float:
@@ -102,12 +116,41 @@ def _occupancy(p: AttentionProblem, groups: int, device: DeviceInfo) -> float:
     return (p.sq / (tiles * rows)) * (blocks / (waves * device.multiprocessors))
 
 
+def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] | None:
+    """(groups, block_k, ring) of the warp-specialized loop with TMA loads, or None where it does not
+    fit (D > 128: a producer warpgroup leaves the consumers too few registers). H100, 2026-11-25, the
+    same run against the cp.async producer's picks: B=8 H=16 S=2048 1.21x (causal 1.13x), SD 1.5
+    1.15x, SDXL 1.29x, Llama-3 prefill 1.49x, DiT-XL 1.21x."""
+    causal = p.causal != "none"
+    if padded_dim(p.d) > 64:
+        return (2, 64, 3) if fits(p.d, 2, 64, device, 3, True, True) else None
+    options = [t for t in ((2, 128, 3), (3, 64, 4)) if fits(p.d, t[0], t[1], device, t[2], True, True)]
+    if not options:
+        return None
+    gain = {2: 1.0, 3: three_group_gain(p.d, causal)}
+    keys = {bk: p.sk / (ceil_div(p.sk, bk) * bk) for bk in BLOCK_KS}   # key tiles' padding (CLIP: 257 keys)
+    return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * keys[t[1]])
+
+
+THREE_GROUP_GAIN = 1.11   # H100, 2026-11-23: 3 consumer warpgroups vs 2 at equal padding and waves (cp.async)
+
+
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
     reason = why_not(p, device)
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     dp = padded_dim(p.d)
+    tma = tma_tiles(p, device)
+    if tma:
+        groups, bk, ring = tma
+        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+        smem = shared_bytes(p.d, groups, bk, ring, True)
+        why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} consumer warpgroups x "
+               f"64 query rows, S = QK^T and O += PV by wgmma (P from registers); a producer warpgroup loads "
+               f"{ring} K/V buffers of {bk} keys by TMA into the 128-byte swizzle ({smem // 1024} KiB shared); "
+               f"{blocks} blocks")
+        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, stages=ring, producer=1, tma=1)
     groups, bk, stages, producer = default_tiles(p.d, p.causal != "none")
     if not fits(p.d, groups, bk, device, stages, producer):
         groups, bk, stages, producer = (2, 64, 2, False)
@@ -137,9 +180,10 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         return []
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
              for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
-    specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1)
-                   for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True)]
-    return plain + specialized
+    specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, **extra)
+                   for extra in ({"tma": 1}, {}) for g in GROUPS for bk in BLOCK_KS for ring in RINGS
+                   if fits(p.d, g, bk, device, ring, True, bool(extra))]
+    return specialized + plain
 
 
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
@@ -164,7 +208,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
     threads = 128 * (groups + producer)       # producer=1: one more warpgroup that only copies K/V
-    if not fits(p.d, groups, bk, device, stages, producer):
+    if not fits(p.d, groups, bk, device, stages, producer, tma):
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
