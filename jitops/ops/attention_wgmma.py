@@ -194,10 +194,8 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
-    overlap = bool(int(schedule.get("overlap", 0)))
-    if (tma or overlap) and not producer:
-        raise ScheduleError("attention fused_wgmma: tma=1 and overlap=1 are options of the warp-specialized loop; "
-                            "they need producer=1")
+    if tma and not producer:
+        raise ScheduleError("attention fused_wgmma: tma=1 loads K / V in the producer warpgroup; it needs producer=1")
     if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if producer else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
                             f"in {GROUPS}, {BLOCK_KS} and {RINGS if producer else STAGES}")
@@ -214,7 +212,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "scale_positive": p.scale > 0, "producer": producer, "tma": tma, "overlap": overlap}
+              "scale_positive": p.scale > 0, "producer": producer, "tma": tma}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
