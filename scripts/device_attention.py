@@ -31,6 +31,7 @@ op = get_op("attention")
 TDT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SEED = (256, 128, 64)
 BIG = (8, 16, 2048, 64)
+BIG128 = (8, 16, 2048, 128)
 def _s(**kw):
     return Schedule.make("fused_mma", **kw)
 
@@ -49,10 +50,19 @@ def _t(block_k, ring, groups=2):
 
 TMA64 = [_t(128, 3), _t(128, 4), _t(128, 2), _t(64, 4, 3), _t(64, 3, 3), _t(64, 3)]   # DP <= 64
 TMA128 = [_t(64, 3), _t(64, 4), _t(64, 2)]                                            # DP > 64
-SWEEP = {"B=8 H=16 S=2048 D=64": TMA64, "B=8 H=16 S=2048 causal": TMA64,
-         "SD1.5 self D=40": TMA64, "SDXL self H=10 S=4096": TMA64,
-         "Llama3-8B prefill GQA causal": TMA128, "DiT-XL S=1024 D=72": TMA128,
-         "Whisper enc H=20 S=1500": TMA64, "GPT-2 causal S=1024": TMA64, "CLIP ViT-L/14 S=257": TMA64}
+def _pt(groups, block_k, ring=2):
+    """The plain loop (no producer warpgroup) over a ring of TMA-loaded buffers, thread 0 issuing."""
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, **({"stages": ring} if ring != 2 else {}))
+
+
+PLAIN64 = [_pt(2, 128), _pt(2, 128, 3), _pt(2, 128, 4), _pt(3, 64), _pt(3, 64, 3), _pt(2, 64, 3)]   # DP <= 64
+PLAIN128 = [_pt(2, 64), _pt(2, 64, 3), _pt(2, 64, 4), _pt(2, 128), _pt(2, 128, 3)]                  # DP > 64
+SWEEP = {"B=8 H=16 S=2048 D=64": TMA64[:2] + PLAIN64, "B=8 H=16 S=2048 causal": TMA64[:4] + PLAIN64,
+         "B=8 H=16 S=2048 D=128": TMA128[:1] + PLAIN128, "B=8 H=16 S=2048 D=128 causal": TMA128[:1] + PLAIN128,
+         "SD1.5 self D=40": TMA64[:4] + PLAIN64, "SDXL self H=10 S=4096": TMA64[:2] + PLAIN64,
+         "Llama3-8B prefill GQA causal": TMA128[:1] + PLAIN128, "DiT-XL S=1024 D=72": TMA128[:1] + PLAIN128,
+         "Whisper enc H=20 S=1500": TMA64[:2] + PLAIN64, "GPT-2 causal S=1024": TMA64[:4] + PLAIN64,
+         "CLIP ViT-L/14 S=257": TMA64[:4] + PLAIN64, "Gemma-7B prefill D=256 causal": [_pt(2, 64)]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
@@ -65,7 +75,8 @@ def cases(dtypes=("float16", "bfloat16"), only=None):
     out = [] if only else [("B=256 S=128 D=64", SEED, SEED, "float32", False)]
     for dtype in dtypes:
         out += [("B=256 S=128 D=64", SEED, SEED, dtype, False), ("B=8 H=16 S=2048 D=64", BIG, BIG, dtype, False),
-                ("B=8 H=16 S=2048 causal", BIG, BIG, dtype, True)]
+                ("B=8 H=16 S=2048 causal", BIG, BIG, dtype, True),      # and issue 16's D = 128 pair
+                ("B=8 H=16 S=2048 D=128", BIG128, BIG128, dtype, False), ("B=8 H=16 S=2048 D=128 causal", BIG128, BIG128, dtype, True)]
         out += [(name, q, kv, dtype, causal) for name, q, kv, causal in MODELS]
     return [c for c in out if not only or c[0] in only]
 
@@ -197,7 +208,12 @@ def sanitize_case():
                  ((1, 2, 250, 64), (1, 2, 500, 64), "float16", True, _t(64, 4, 3)),
                  # TMA schedules on K / V off 16-byte alignment: the producer's swizzled plain stores
                  ((1, 2, 250, 72), (1, 2, 500, 72), "float16", True, _t(64, 3), "unaligned"),
-                 ((1, 2, 250, 64), (1, 2, 700, 64), "bfloat16", False, _t(128, 3), "unaligned")]
+                 ((1, 2, 250, 64), (1, 2, 700, 64), "bfloat16", False, _t(128, 3), "unaligned"),
+                 # the plain loop with TMA loads (D = 256's pick): aligned and not, causal, GQA
+                 ((1, 4, 200, 256), (1, 2, 330, 256), "float16", True, _pt(2, 64)),
+                 ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", "bottom_right", _pt(3, 64), "unaligned"),
+                 ((1, 4, 200, 128), (1, 1, 700, 128), "float16", True, _pt(2, 64, 3)),
+                 ((1, 2, 250, 64), (1, 2, 900, 64), "bfloat16", False, _pt(2, 128, 4), "unaligned")]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched, *how in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)

@@ -284,9 +284,13 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
         return op.make_problem(specs, {})
 
     h100 = KNOWN_TARGETS["sm_90"]
-    assert op.heuristic(problem("float16", 64), h100).algorithm == "fused_mma"
+    # the seed shape on sm_90: warpgroup MMA with TMA loads (128 x 128 tiles, no padding); on sm_80
+    # and for 100 queries (a fifth of the tile padding) the mma.sync kernel
+    assert op.heuristic(problem("float16", 64), h100).algorithm == "fused_wgmma"
+    assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["sm_80"]).algorithm == "fused_mma"
+    assert op.heuristic(problem("float16", 64, sq=100), h100).algorithm == "fused_mma"
     assert op.heuristic(problem("float32", 64), h100).algorithm == "fused"
-    assert op.heuristic(problem("float16", 40), h100).algorithm == "fused_mma"
+    assert op.heuristic(problem("float16", 40), h100).algorithm == "fused_wgmma"
     assert op.heuristic(problem("float16", 40), emu.device).algorithm == "three_stage"   # no matrix cores
     assert op.heuristic(problem("float16", 64), KNOWN_TARGETS["gfx90a"]).algorithm == "fused_mma"
     assert op.heuristic(problem("float16", 64), emu.device).algorithm == "fused"      # no matrix cores
@@ -406,8 +410,8 @@ def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
-    up to 256, GQA, causal, masks); fused_mma for decoding, shorter sequences or D=36; never on
-    sm_80 or for fp32."""
+    up to 256, GQA, causal, masks) and from 128 where the tiles are not padding; fused_mma for
+    decoding, other short sequences or D=36; never on sm_80 or for fp32."""
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
     for q, kv, dtype, causal, mask in (((8, 16, 2048, 64), (8, 16, 2048, 64), "float16", False, False),
@@ -421,24 +425,26 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         assert op.heuristic(p, a100).algorithm == "fused_mma"
         assert any(c.algorithm == "fused_wgmma" for c in op.candidates(p, h100))
         assert not any(c.algorithm == "fused_wgmma" for c in op.candidates(p, a100))
-        # up to D = 128: a producer warpgroup loading K / V by TMA; D = 256: the plain loop (registers)
-        tma = q[-1] <= 128
-        assert bool(s.get("producer", 0)) == tma and bool(s.get("tma", 0)) == tma and ("by TMA" in s.why) == tma, s
-        if q == (8, 16, 2048, 64):      # D = 64 without causal masking: 2 warpgroups, 128-key tiles
-            assert (s["groups"], s["block_k"], s["stages"]) == (2, 128, 3), s
-        if q == (2, 8, 4096, 40):       # D = 40: 3 consumer warpgroups are worth their padding
-            assert (s["groups"], s["block_k"], s["stages"]) == (3, 64, 4) and "3 consumer warpgroups" in s.why, s
-        if q[-1] == 128:
-            assert (s["groups"], s["block_k"], s["stages"]) == (2, 64, 3), s
+        # K / V by TMA everywhere: the plain loop (thread 0 issues, 2 buffers) where it won on the
+        # H100; causal D = 72-160 keeps the producer warpgroup (Llama-3 prefill)
+        assert s["tma"] == 1 and "by TMA" in s.why, s
+        producer = bool(causal) and q[-1] == 128
+        assert bool(s.get("producer", 0)) == producer and ("producer warpgroup" in s.why) == producer, s
+        if q[-1] <= 64:                 # 2 warpgroups, 128-key tiles
+            assert (s["groups"], s["block_k"], s.get("stages", 2)) == (2, 128, 2), s
+        else:
+            assert (s["groups"], s["block_k"], s.get("stages", 2)) == ((2, 64, 3) if producer else (2, 64, 2)), s
+    bert = op.heuristic(_hopper_problem((32, 12, 128, 64), (32, 12, 128, 64)), h100)   # 128 x 128: one whole tile
+    assert bert.algorithm == "fused_wgmma" and (bert["groups"], bert["block_k"], bert["tma"]) == (2, 128, 1), bert
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
-                         ((32, 12, 128, 64), (32, 12, 128, 64), "float16"),      # BERT: short
-                         ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: fewer than 256
+                         ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: 197 rows pad 128-row tiles
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
     clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64)), h100)   # 256 and more: wgmma
-    assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["tma"] == 1, clip
+    # 257 keys in 128-key tiles would be a third padding: 64-key tiles, 3 warpgroups and a producer
+    assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["producer"] == 1 and clip["tma"] == 1, clip
     causal = op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), causal=True), h100)
-    assert (causal["groups"], causal["block_k"], causal["tma"]) == (3, 64, 1), causal   # 64-key tiles: less diagonal waste
+    assert (causal["groups"], causal["block_k"], causal["tma"]) == (2, 128, 1) and not causal.get("producer", 0), causal
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 

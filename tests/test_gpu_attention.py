@@ -233,12 +233,14 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [40, 64, 72, 128])
+@pytest.mark.parametrize("d", [40, 64, 72, 128, 256])
 def test_wgmma_tma_loads(dtype, d):
-    """fused_wgmma with K / V tiles loaded by TMA into the 128-byte swizzle (tma=1, the sm_90 pick
-    up to D = 128): rows past Sk and columns past D (40, 72: partial 64-column blocks) land as zeros,
-    a ring that wraps, a warpgroup past the last row, GQA 4:1, both causal diagonals; and views off
-    16-byte alignment (no map is encoded: the producer stores the swizzled tiles itself)."""
+    """fused_wgmma with K / V tiles loaded by TMA into the 128-byte swizzle (tma=1, the sm_90 pick),
+    in the warp-specialized loop (a producer warpgroup: up to D = 160) and in the plain loop over a
+    ring of 2-4 buffers (thread 0 issues the loads; D = 256 too): rows past Sk and columns past D (40, 72: partial
+    64-column blocks) land as zeros, a ring that wraps, a warpgroup past the last row, GQA 4:1, both
+    causal diagonals; and views off 16-byte alignment (no map is encoded: the threads store the
+    swizzled tiles themselves)."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
     from jitops.ops.attention_wgmma import fits
@@ -246,20 +248,22 @@ def test_wgmma_tma_loads(dtype, d):
     q = randn(2, 8, 90, d, dtype=dtype)
     k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
     device = jitops.get_backend().device
-    tiles = [t for t in ((2, 64, 3), (2, 128, 3), (3, 64, 4), (2, 64, 2)) if fits(d, t[0], t[1], device, t[2], True, True)]
-    assert tiles, f"no producer tile fits D={d}"
-    for groups, block_k, ring in tiles:
-        sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1, tma=1)
+    producer = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
+                for g, bk, ring in ((2, 64, 3), (2, 128, 3), (3, 64, 4), (2, 64, 2))
+                if fits(d, g, bk, device, ring, True, True)]
+    plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, stages=ring)
+             for g, bk, ring in ((2, 64, 2), (2, 128, 3), (3, 64, 4)) if fits(d, g, bk, device, ring, False, True)]
+    assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
+    for sched in producer + plain:
         check(q, k, v, schedule=sched)
         check(q, k, v, causal=True, schedule=sched)
         check(q, k, v, causal="bottom_right", schedule=sched)
     uq, uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (q, k, v))
     assert uk.data_ptr() % 16 and uv.data_ptr() % 16
-    for groups, block_k, ring in tiles[:2]:
-        sched = Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1, tma=1)
+    for sched in producer[:2] + plain[:1]:
         check(uq, uk, uv, schedule=sched)
         check(uq, uk, uv, causal=True, schedule=sched)
-    check(q, uk, v, schedule=sched)          # one tensor off alignment is enough for the plain path
+        check(q, uk, v, schedule=sched)      # one tensor off alignment is enough for the plain path
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

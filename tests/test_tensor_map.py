@@ -72,5 +72,8 @@ def test_wgmma_tma_plan_and_sm90a_compile():
     assert "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
     assert "mbarrier.arrive.expect_tx" in ptx
     assert "0 bytes spill stores" in text and "C7519" not in text, text
-    with pytest.raises(Exception, match="producer=1"):
-        op.plan(p, Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1), backend.device)
+    # the plain loop (no producer warpgroup) takes TMA rings of 2-4 buffers too
+    plain = op.plan(p, Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, tma=1), backend.device).launches[0]
+    assert plain.block[0] == 256 and sum(isinstance(a, TensorMap) for a in plain.args) == 2
+    with pytest.raises(Exception, match="stages=5"):
+        op.plan(p, Schedule.make("fused_wgmma", groups=2, block_k=64, stages=5, tma=1), backend.device)

@@ -77,8 +77,14 @@ def preferred(p: AttentionProblem) -> bool:
     B=8 H=16 S=2048); 2026-11-25, CLIP ViT-L/14 (S=257) 1.18x (fp16 20.8 vs 24.6 us, bf16 20.3 vs
     24.7: 3 warpgroups pad 257 rows no worse than fused_mma's 128-row tiles) and Gemma D=256 1.16x;
     slower below 256 (BERT S=128 0.77x, ViT S=197 0.81x, the seed 0.73x: one or two key tiles, or
-    rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing)."""
-    return p.sq >= 256 and p.sk >= 256
+    rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing).
+    With TMA loads (2026-11-25 afternoon) the plain loop's 128 x 128 tiles also win from 128 queries
+    and keys where they are not padding (DP <= 64, at least 90% of rows and keys real): BERT-base
+    S=128 1.10x (fp16 11.9 vs 13.1 us), the seed B=256 S=128 1.09-1.11x; ViT's 197 keep fused_mma."""
+    if p.sq >= 256 and p.sk >= 256:
+        return True
+    used = lambda n: n / (ceil_div(n, 128) * 128)   # noqa: E731
+    return padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and used(p.sq) >= 0.9 and used(p.sk) >= 0.9
 
 
 def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
@@ -135,12 +141,43 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
 THREE_GROUP_GAIN = 1.11   # H100, 2026-11-23: 3 consumer warpgroups vs 2 at equal padding and waves (cp.async)
 
 
+def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int] | None:
+    """(groups, block_k) of the plain loop with TMA loads (no producer warpgroup, thread 0 issues,
+    two buffers), where it is the pick, else None. H100, 2026-11-25, fp16, one run of every tile
+    and ring (scripts/device_attention.py; raw: docs/data/attention_tma_h100_2026-11-25/):
+    - up to DP = 64, 2 warpgroups and 128-key tiles: 1.09-1.30x the producer's best on B=8 H=16
+      S=2048 (with and without causal masking), SDXL, Whisper and GPT-2; 0.98x on SD 1.5 (D = 40);
+      not where 128-key tiles pad the keys (CLIP's 257: 0.88x the 3-warpgroup producer pick);
+    - D = 72 .. 160 without causal masking: 64-key tiles (DiT 1.06x, B=8 H=16 S=2048 D=128 1.08x);
+      with causal masking the producer stays (Llama-3 prefill: plain 0.99x at best, D = 128 causal 1.00x);
+    - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop.
+    Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x."""
+    dp = padded_dim(p.d)
+    if dp <= 64:
+        keys_used = p.sk / (ceil_div(p.sk, 128) * 128)
+        tiles = (2, 128) if keys_used >= 0.9 else None
+    elif dp <= 160 and p.causal != "none" and tma_tiles(p, device):
+        tiles = None
+    else:
+        tiles = (2, 64)
+    return tiles if tiles and fits(p.d, *tiles, device, 2, False, True) else None
+
+
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
     reason = why_not(p, device)
     if reason:
         raise ScheduleError(f"attention fused_wgmma: {reason}")
     dp = padded_dim(p.d)
+    plain = plain_tma_tiles(p, device)
+    if plain:
+        groups, bk = plain
+        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+        smem = shared_bytes(p.d, groups, bk, 2, True)
+        why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
+               f"rows, S = QK^T and O += PV by wgmma (P from registers), 2 K/V buffers of {bk} keys loaded by TMA "
+               f"into the 128-byte swizzle ({smem // 1024} KiB shared); {blocks} blocks")
+        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1)
     tma = tma_tiles(p, device)
     if tma:
         groups, bk, ring = tma
@@ -180,6 +217,8 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         return []
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
              for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
+    plain += [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **({"stages": r} if r != 2 else {}))
+              for g in GROUPS for bk in BLOCK_KS for r in RINGS if fits(p.d, g, bk, device, r, False, True)]
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, **extra)
                    for extra in ({"tma": 1}, {}) for g in GROUPS for bk in BLOCK_KS for ring in RINGS
                    if fits(p.d, g, bk, device, ring, True, bool(extra))]
@@ -194,11 +233,10 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
-    if tma and not producer:
-        raise ScheduleError("attention fused_wgmma: tma=1 loads K / V in the producer warpgroup; it needs producer=1")
-    if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if producer else STAGES):
+    ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
+    if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
-                            f"in {GROUPS}, {BLOCK_KS} and {RINGS if producer else STAGES}")
+                            f"in {GROUPS}, {BLOCK_KS} and {RINGS if ring else STAGES}")
     smem = shared_bytes(p.d, groups, bk, stages, tma)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
