@@ -117,10 +117,12 @@ class BoundPlan:
         """
         if self.temps or self.kept or self.prepare_steps or self.derived is not None or self.set_sizes:
             return None
-        if any(step.tmaps for step, _ in self.steps):
-            return None     # tensor maps are encoded from the pointers: the general loop (prepared.bind)
+        position = {n: k for k, n in enumerate(self.io_names)}
+        if any(buffer not in position for step, _ in self.steps for _, buffer, _ in step.tmaps):
+            return None     # a tensor map over a workspace: the general loop (prepared.bind)
         ns: dict[str, Any] = {"signature": signature, "NoFastPath": NoFastPath, "lock": self.lock,
-                              "stream_of": self.stream, "alloc": self.alloc, "alloc_like": self.alloc_like}
+                              "stream_of": self.stream, "alloc": self.alloc, "alloc_like": self.alloc_like,
+                              "memmove": ctypes.memmove}
         lines = ["def fast(inputs, out):"]
         ptr = "{}.data_ptr()" if self.is_torch else "{}.ctypes.data"
         for k in range(self.input_count):
@@ -144,6 +146,10 @@ class BoundPlan:
             for index, where, _ in slots:
                 ns[f"v{n}_{index}"] = step.packed.values[index]
                 lines.append(f"        v{n}_{index}.value = p{where}")
+            for index, buffer, encode in step.tmaps:     # TMA maps: encoded per pointer (remembered)
+                ns[f"encode{n}_{index}"] = encode
+                lines.append(f"        memmove({ctypes.addressof(step.packed.values[index])}, "
+                             f"encode{n}_{index}(p{position[buffer]}), 128)")
             native = getattr(step.run, "native", None)
             if native is not None:
                 run, entry, handle, gx, gy, gz, bx, by, bz, shared = native

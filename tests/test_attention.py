@@ -436,6 +436,8 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
             assert (s["groups"], s["block_k"], s.get("stages", 2)) == ((2, 64, 3) if producer else (2, 64, 2)), s
     bert = op.heuristic(_hopper_problem((32, 12, 128, 64), (32, 12, 128, 64)), h100)   # 128 x 128: one whole tile
     assert bert.algorithm == "fused_wgmma" and (bert["groups"], bert["block_k"], bert["tma"]) == (2, 128, 1), bert
+    small = op.heuristic(_hopper_problem((1, 8, 128, 64), (1, 8, 128, 64)), h100)      # host-bound: fused_mma
+    assert small.algorithm == "fused_mma", small
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: 197 rows pad 128-row tiles
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8

@@ -232,6 +232,22 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
         check(q, k, v, causal="bottom_right", schedule=sched)
 
 
+def test_wgmma_tma_repeat_calls_encode_each_pointer():
+    """Repeat calls of one TMA plan on new tensors (the straight-line fast path, out= or not): each
+    call's tensor maps are encoded from its own K / V (a stale map would read the first call's data)."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    sched = Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1)
+    for i in range(4):
+        q, k, v = (randn(2, 4, 300, 64, dtype=torch.float16) for _ in range(3))
+        out = torch.full_like(q, float("nan")) if i % 2 else None
+        got = jitops.attention(q, k, v, schedule=sched, out=out)
+        ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 8.0, -1) @ v.double()
+        err = float((got.double() - ref).abs().max() / ref.abs().max())
+        assert err <= 2e-3, (i, err)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 72, 128, 256])
 def test_wgmma_tma_loads(dtype, d):

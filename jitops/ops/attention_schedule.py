@@ -113,7 +113,7 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
     p = problem
     if algorithm is None:
         if p.dtype in MMA_DTYPES and device.matrix_cores:
-            if why_not(p, device) is None and preferred(p):
+            if why_not(p, device) is None and preferred(p, device):
                 return wgmma_schedule(p, device)
             return mma_schedule(p, device)
         if p.d in SIMT_HEAD_DIMS:

@@ -70,7 +70,7 @@ def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2,
             and shared_bytes(d, groups, block_k, stages, tma) <= device.shared_per_block_optin)
 
 
-def preferred(p: AttentionProblem) -> bool:
+def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: prefill of 256
     queries and keys or more. H100, both kernels on the same tensors (scripts/device_attention.py):
     2026-11-23, 1.06-1.18x faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill,
@@ -80,11 +80,16 @@ def preferred(p: AttentionProblem) -> bool:
     rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing).
     With TMA loads (2026-11-25 afternoon) the plain loop's 128 x 128 tiles also win from 128 queries
     and keys where they are not padding (DP <= 64, at least 90% of rows and keys real): BERT-base
-    S=128 1.10x (fp16 11.9 vs 13.1 us), the seed B=256 S=128 1.09-1.11x; ViT's 197 keep fused_mma."""
+    S=128 1.10x (fp16 11.9 vs 13.1 us), the seed B=256 S=128 1.09-1.11x; ViT's 197 keep fused_mma.
+    Only with a wave of blocks or more: a smaller call (1 x 8 x 128 x 64) is host-bound, and fused_mma's
+    launch takes the native repeat path (8.6 us eager on the H100 against 18.5 for the TMA kernel,
+    whose tensor maps are encoded per pointer in Python)."""
     if p.sq >= 256 and p.sk >= 256:
         return True
     used = lambda n: n / (ceil_div(n, 128) * 128)   # noqa: E731
-    return padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and used(p.sq) >= 0.9 and used(p.sk) >= 0.9
+    blocks = p.batch * p.heads * ceil_div(p.sq, 128)
+    return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and used(p.sq) >= 0.9 and used(p.sk) >= 0.9
+            and blocks >= device.multiprocessors)
 
 
 def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
