@@ -150,3 +150,47 @@ def test_no_synchronize_or_free_inside_a_graph_capture(caplog):
     assert syncs == [0]
     cache.get(("w", 6), stream=7)                             # a miss: back under the budget
     assert syncs == [0, 0] and cache.bytes <= 300 and len(frees) == 4 and ("w", 6) in cache.entries
+
+
+def test_backends_report_stream_capture_from_the_driver(monkeypatch):
+    """capturing(): the driver's capture status of the stream (active or invalidated: True), and True
+    for the implicit-capture error (the legacy stream while another stream captures globally),
+    where a synchronize or a free would end the capture; any other error raises. CUDA through
+    cuStreamIsCapturing, HIP through hip-python's hipStreamIsCapturing (fakes of both)."""
+    import ctypes
+    from jitops.errors import LaunchError
+    from jitops.runtime import cuda_backend, cuda_driver
+    from jitops.runtime.hip_backend import HipBackend
+
+    answers = {}
+
+    class FakeLibcuda:
+        def cuStreamIsCapturing(self, stream, status):
+            code, value = answers[stream]
+            ctypes.cast(status, ctypes.POINTER(ctypes.c_int))[0] = value
+            return code
+
+        def cuGetErrorName(self, code, out):       # the error's name and text: left empty
+            return 0
+
+        cuGetErrorString = cuGetErrorName
+
+    monkeypatch.setattr(cuda_driver, "libcuda", lambda: FakeLibcuda())
+    cuda = object.__new__(cuda_backend.CudaBackend)
+    answers.update({1: (0, 0), 2: (0, 1), 3: (0, 2), 4: (cuda_driver.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 0), 5: (1, 0)})
+    assert [cuda.capturing(s) for s in (1, 2, 3, 4)] == [False, True, True, True]
+    with pytest.raises(LaunchError, match="cuStreamIsCapturing failed: CUDA_ERROR_1"):
+        cuda.capturing(5)
+
+    class FakeHip:
+        def hipStreamIsCapturing(self, stream):
+            return answers[stream]
+
+        def hipGetErrorString(self, err):
+            return b"invalid value"
+
+    hip = object.__new__(HipBackend)
+    hip.hip = FakeHip()
+    assert [hip.capturing(s) for s in (1, 2, 3, 4)] == [False, True, True, True]
+    with pytest.raises(LaunchError, match="hipStreamIsCapturing failed: invalid value"):
+        hip.capturing(5)

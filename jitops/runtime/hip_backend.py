@@ -26,6 +26,8 @@ from . import hip_clang
 from .base import Backend, Kernel, PackedArgs, save_failed_source
 from .hiprtc_worker import hiprtc_compile
 
+HIP_ERROR_STREAM_CAPTURE_IMPLICIT = 906   # hipErrorStreamCaptureImplicit, as CUDA's code
+
 log = logging.getLogger("jitops.hip")
 
 _LIB_DIRS = ("/opt/rocm/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
@@ -241,6 +243,16 @@ class HipBackend(Backend):
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int = 0) -> None:
         self._check(self.hip.hipMemsetD8Async(ptr, value, nbytes, stream), "hipMemsetD8Async")
+
+    def capturing(self, stream: int = 0) -> bool:
+        """Whether `stream` is being captured into a HIP graph (see Backend.capturing): the capture
+        status (active or invalidated), and the legacy stream while another stream captures in
+        global mode (hipErrorStreamCaptureImplicit), where a synchronize would break the capture."""
+        result = self.hip.hipStreamIsCapturing(stream)
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) == HIP_ERROR_STREAM_CAPTURE_IMPLICIT:
+            return True
+        return int(self._check(result, "hipStreamIsCapturing")) != 0
 
     def synchronize(self, stream: int = 0) -> None:
         if stream:
