@@ -13,7 +13,6 @@ streams) from `persistent_workspace`, derived ones through `prepare_for`.
 from __future__ import annotations
 
 import ctypes
-
 import logging
 import threading
 from collections import OrderedDict
