@@ -55,14 +55,20 @@ def _pt(groups, block_k, ring=2):
     return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, **({"stages": ring} if ring != 2 else {}))
 
 
-PLAIN64 = [_pt(2, 128), _pt(2, 128, 3), _pt(2, 128, 4), _pt(3, 64), _pt(3, 64, 3), _pt(2, 64, 3)]   # DP <= 64
-PLAIN128 = [_pt(2, 64), _pt(2, 64, 3), _pt(2, 64, 4), _pt(2, 128), _pt(2, 128, 3)]                  # DP > 64
-SWEEP = {"B=8 H=16 S=2048 D=64": TMA64[:2] + PLAIN64, "B=8 H=16 S=2048 causal": TMA64[:4] + PLAIN64,
-         "B=8 H=16 S=2048 D=128": TMA128[:1] + PLAIN128, "B=8 H=16 S=2048 D=128 causal": TMA128[:1] + PLAIN128,
-         "SD1.5 self D=40": TMA64[:4] + PLAIN64, "SDXL self H=10 S=4096": TMA64[:2] + PLAIN64,
-         "Llama3-8B prefill GQA causal": TMA128[:1] + PLAIN128, "DiT-XL S=1024 D=72": TMA128[:1] + PLAIN128,
-         "Whisper enc H=20 S=1500": TMA64[:2] + PLAIN64, "GPT-2 causal S=1024": TMA64[:4] + PLAIN64,
-         "CLIP ViT-L/14 S=257": TMA64[:4] + PLAIN64, "Gemma-7B prefill D=256 causal": [_pt(2, 64)]}
+def _rel(groups, block_k, ring=2):
+    """The plain TMA loop without a block barrier per tile: consumer warps release buffers on mbarriers."""
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, release=1,
+                         **({"stages": ring} if ring != 2 else {}))
+
+
+PLAIN64 = [_pt(2, 128), _rel(2, 128), _rel(2, 128, 3)]   # DP <= 64
+PLAIN128 = [_pt(2, 64), _rel(2, 64), _rel(2, 64, 3)]     # DP > 64
+SWEEP = {"B=8 H=16 S=2048 D=64": PLAIN64, "B=8 H=16 S=2048 causal": PLAIN64,
+         "B=8 H=16 S=2048 D=128": PLAIN128, "B=8 H=16 S=2048 D=128 causal": TMA128[:1] + PLAIN128,
+         "SD1.5 self D=40": PLAIN64, "SDXL self H=10 S=4096": PLAIN64,
+         "Llama3-8B prefill GQA causal": TMA128[:1] + PLAIN128, "DiT-XL S=1024 D=72": PLAIN128,
+         "Whisper enc H=20 S=1500": PLAIN64, "GPT-2 causal S=1024": PLAIN64,
+         "Gemma-7B prefill D=256 causal": [_pt(2, 64), _rel(2, 64)]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
@@ -213,7 +219,11 @@ def sanitize_case():
                  ((1, 4, 200, 256), (1, 2, 330, 256), "float16", True, _pt(2, 64)),
                  ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", "bottom_right", _pt(3, 64), "unaligned"),
                  ((1, 4, 200, 128), (1, 1, 700, 128), "float16", True, _pt(2, 64, 3)),
-                 ((1, 2, 250, 64), (1, 2, 900, 64), "bfloat16", False, _pt(2, 128, 4), "unaligned")]
+                 ((1, 2, 250, 64), (1, 2, 900, 64), "bfloat16", False, _pt(2, 128, 4), "unaligned"),
+                 # release=1: buffers released per warp on mbarriers (causal: warpgroups at different tiles)
+                 ((1, 4, 200, 128), (1, 1, 700, 128), "float16", True, _rel(2, 64)),
+                 ((1, 2, 250, 64), (1, 2, 900, 64), "float16", "bottom_right", _rel(3, 64, 3)),
+                 ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", False, _rel(2, 64), "unaligned")]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched, *how in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)

@@ -434,6 +434,9 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
             assert (s["groups"], s["block_k"], s.get("stages", 2)) == (2, 128, 2), s
         else:
             assert (s["groups"], s["block_k"], s.get("stages", 2)) == ((2, 64, 3) if producer else (2, 64, 2)), s
+        # buffers released per warp (no block barrier per tile): causal up to D = 64 and D = 256
+        release = (bool(causal) and q[-1] <= 64) or q[-1] == 256
+        assert bool(s.get("release", 0)) == release and ("released per warp" in s.why) == release, s
     bert = op.heuristic(_hopper_problem((32, 12, 128, 64), (32, 12, 128, 64)), h100)   # 128 x 128: one whole tile
     assert bert.algorithm == "fused_wgmma" and (bert["groups"], bert["block_k"], bert["tma"]) == (2, 128, 1), bert
     small = op.heuristic(_hopper_problem((1, 8, 128, 64), (1, 8, 128, 64)), h100)      # host-bound: fused_mma
@@ -446,7 +449,8 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     # 257 keys in 128-key tiles would be a third padding: 64-key tiles, 3 warpgroups and a producer
     assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["producer"] == 1 and clip["tma"] == 1, clip
     causal = op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), causal=True), h100)
-    assert (causal["groups"], causal["block_k"], causal["tma"]) == (2, 128, 1) and not causal.get("producer", 0), causal
+    assert (causal["groups"], causal["block_k"], causal["tma"], causal["release"]) == (2, 128, 1, 1), causal
+    assert not causal.get("producer", 0), causal
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 

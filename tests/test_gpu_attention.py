@@ -267,8 +267,10 @@ def test_wgmma_tma_loads(dtype, d):
     producer = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                 for g, bk, ring in ((2, 64, 3), (2, 128, 3), (3, 64, 4), (2, 64, 2))
                 if fits(d, g, bk, device, ring, True, True)]
-    plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, stages=ring)
-             for g, bk, ring in ((2, 64, 2), (2, 128, 3), (3, 64, 4)) if fits(d, g, bk, device, ring, False, True)]
+    plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, stages=ring, **extra)
+             for g, bk, ring, extra in ((2, 64, 2, {}), (2, 128, 3, {}), (3, 64, 4, {}), (2, 64, 2, {"release": 1}),
+                                        (3, 64, 3, {"release": 1}))
+             if fits(d, g, bk, device, ring, False, True)]
     assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
     for sched in producer + plain:
         check(q, k, v, schedule=sched)
@@ -276,7 +278,7 @@ def test_wgmma_tma_loads(dtype, d):
         check(q, k, v, causal="bottom_right", schedule=sched)
     uq, uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (q, k, v))
     assert uk.data_ptr() % 16 and uv.data_ptr() % 16
-    for sched in producer[:2] + plain[:1]:
+    for sched in producer[:2] + plain[:1] + plain[-1:]:
         check(uq, uk, uv, schedule=sched)
         check(uq, uk, uv, causal=True, schedule=sched)
         check(q, uk, v, schedule=sched)      # one tensor off alignment is enough for the plain path

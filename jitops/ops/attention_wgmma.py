@@ -148,9 +148,9 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
 THREE_GROUP_GAIN = 1.11   # H100, 2026-11-23: 3 consumer warpgroups vs 2 at equal padding and waves (cp.async)
 
 
-def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int] | None:
-    """(groups, block_k) of the plain loop with TMA loads (no producer warpgroup, thread 0 issues,
-    two buffers), where it is the pick, else None. H100, 2026-11-25, fp16, one run of every tile
+def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
+    """(groups, block_k, release) of the plain loop with TMA loads (no producer warpgroup, thread 0
+    issues, two buffers), where it is the pick, else None. H100, 2026-11-25, fp16, one run of every tile
     and ring (scripts/device_attention.py; raw: docs/data/attention_tma_h100_2026-11-25/):
     - up to DP = 64, 2 warpgroups and 128-key tiles: 1.09-1.30x the producer's best on B=8 H=16
       S=2048 (with and without causal masking), SDXL, Whisper and GPT-2; 0.98x on SD 1.5 (D = 40);
@@ -158,16 +158,20 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int] 
     - D = 72 .. 160 without causal masking: 64-key tiles (DiT 1.06x, B=8 H=16 S=2048 D=128 1.08x);
       with causal masking the producer stays (Llama-3 prefill: plain 0.99x at best, D = 128 causal 1.00x);
     - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop.
-    Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x."""
+    Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x.
+    release: consumer warps free each buffer on an mbarrier instead of a block barrier per tile (one
+    warpgroup may run a tile ahead). Same H100, 15:42: causal B=8 H=16 S=2048 1.03x, GPT-2 1.03x,
+    Gemma 1.04-1.06x; 0.99-1.01x without causal masking at D = 64; 0.71x at D = 128 (not taken there)."""
     dp = padded_dim(p.d)
+    causal = p.causal != "none"
     if dp <= 64:
         keys_used = p.sk / (ceil_div(p.sk, 128) * 128)
-        tiles = (2, 128) if keys_used >= 0.9 else None
-    elif dp <= 160 and p.causal != "none" and tma_tiles(p, device):
+        tiles = (2, 128, causal) if keys_used >= 0.9 else None
+    elif dp <= 160 and causal and tma_tiles(p, device):
         tiles = None
     else:
-        tiles = (2, 64)
-    return tiles if tiles and fits(p.d, *tiles, device, 2, False, True) else None
+        tiles = (2, 64, dp > 160)
+    return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
 
 
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
@@ -178,13 +182,14 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     dp = padded_dim(p.d)
     plain = plain_tma_tiles(p, device)
     if plain:
-        groups, bk = plain
+        groups, bk, release = plain
         blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
         smem = shared_bytes(p.d, groups, bk, 2, True)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
                f"rows, S = QK^T and O += PV by wgmma (P from registers), 2 K/V buffers of {bk} keys loaded by TMA "
-               f"into the 128-byte swizzle ({smem // 1024} KiB shared); {blocks} blocks")
-        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1)
+               f"into the 128-byte swizzle" + (", released per warp on mbarriers" if release else "")
+               + f" ({smem // 1024} KiB shared); {blocks} blocks")
+        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1, **({"release": 1} if release else {}))
     tma = tma_tiles(p, device)
     if tma:
         groups, bk, ring = tma
@@ -241,6 +246,8 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
+    if int(schedule.get("release", 0)) and (producer or not tma):
+        raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
     if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
                             f"in {GROUPS}, {BLOCK_KS} and {RINGS if ring else STAGES}")
@@ -257,7 +264,8 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "scale_positive": p.scale > 0, "producer": producer, "tma": tma}
+              "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
+              "release": bool(int(schedule.get("release", 0)))}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
