@@ -25,6 +25,7 @@ from ..ops import get_op
 from ..ops.base import TensorSpec
 from ..runtime import current_backend, get_backend
 from ..runtime.base import Backend
+from .native import JtTensor as JT_TENSOR
 from .optypes import OpType, op_type
 
 log = logging.getLogger("jitops.onnx")
@@ -50,6 +51,11 @@ class Kernel:
     calls: int = 0
     plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec, Any]]]] = field(default_factory=dict)
     runners: dict[tuple, Any] = field(default_factory=dict)     # GPU providers: engine.pointer_runner per shapes
+    # GPU providers: the raw input array of a call (dims, types and buffer pointers) -> what compute
+    # worked out for it. ORT's arena hands a node the same buffers run after run, so a repeat call
+    # skips reading the tensors field by field and the plan and runner lookups (the 2-core CI machine,
+    # probe backend: LayerNorm 5.5 -> 2.5 us per node call, LeakyRelu 3.7 -> 2.0).
+    repeats: dict[bytes, tuple] = field(default_factory=dict)
     constant: frozenset[str] = frozenset()    # inputs that are initializers (GPU providers; ORT says so)
 
     def plan(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
@@ -164,8 +170,25 @@ def _host_view(ptr: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.frombuffer((ctypes.c_byte * size).from_address(ptr), dtype=dtype).reshape(shape)
 
 
+MAX_REPEATS = 16    # remembered input arrays per kernel (forgotten all at once when full)
+
+
 def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> None:
     k = _kernels[kid]
+    if k.provider != 0:
+        raw = ctypes.string_at(inputs, n_inputs * ctypes.sizeof(JT_TENSOR))
+        hit = k.repeats.get(raw)
+        if hit is not None and hit[0] == engine.generation():
+            _, runner, base, out_specs, derived_key = hit
+            ptrs = dict(base)
+            for index, (name, spec, dims) in enumerate(out_specs):
+                ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
+                if not ptr and spec.numel:
+                    raise OutputAllocationFailed()
+                ptrs[name] = ptr or 0
+            k.calls += 1
+            runner(ptrs, stream or 0, derived_key)
+            return
     names = k.type.inputs
     shapes: dict[str, tuple[int, ...] | None] = {}
     dtypes: dict[str, str] = {}
@@ -203,6 +226,9 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         # kernel and their pointers (another session's buffers at the same address are another key).
         derived_key = (kid, tuple(ptrs.get(n, 0) for n in derived)) if derived and k.constant.issuperset(
             n for n in derived if shapes.get(n) is not None) else None
+        if len(k.repeats) >= MAX_REPEATS:
+            k.repeats.clear()
+        k.repeats[raw] = (key[2], runner, dict(ptrs), out_specs, derived_key)
         for (name, _, _), p in zip(out_specs, out_ptrs):
             ptrs[name] = p
         runner(ptrs, stream or 0, derived_key)
