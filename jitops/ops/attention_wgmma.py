@@ -94,20 +94,6 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
             and blocks >= device.multiprocessors)
 
 
-def default_tiles(d: int, causal: bool = False) -> tuple[int, int, int, bool]:
-    """(groups, block_k, stages, producer) of the loop without TMA (the fallback where the TMA
-    schedules do not fit: D > 128). H100 sweeps (2026-11-23, fp16, graph replay,
-    scripts/device_attention.py): up to DP = 64, 2 warpgroups with 128-key tiles; without causal
-    masking the warp-specialized loop (a producer warpgroup, a ring of 3 K/V buffers) was as fast or
-    faster (SDXL 1.10x, SD 1.5 1.03x, Whisper 1.02x, B=8 H=16 S=2048 1.00x), with causal masking it
-    lost (0.85-0.88x: the warpgroups of a block stop at different tiles) and the plain loop stays.
-    Above DP = 64, 64-key tiles and the plain loop: within 3% of the best of each shape (the
-    producer loop 0.93-1.00x there)."""
-    if padded_dim(d) > 64:
-        return 2, 64, 2, False
-    return (2, 128, 2, False) if causal else (2, 128, 3, True)
-
-
 def three_group_gain(d: int, causal: bool) -> float:
     """How much faster 3 consumer warpgroups (192 query rows, 64-key tiles, a ring of 4) run than 2
     (128 rows, 128-key tiles, a ring of 3) per unit of work, both on TMA loads. H100, 2026-11-25 (fp16,
@@ -143,9 +129,6 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
     gain = {2: 1.0, 3: three_group_gain(p.d, causal)}
     keys = {bk: p.sk / (ceil_div(p.sk, bk) * bk) for bk in BLOCK_KS}   # key tiles' padding (CLIP: 257 keys)
     return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * keys[t[1]])
-
-
-THREE_GROUP_GAIN = 1.11   # H100, 2026-11-23: 3 consumer warpgroups vs 2 at equal padding and waves (cp.async)
 
 
 def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
@@ -191,37 +174,16 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
                + f" ({smem // 1024} KiB shared); {blocks} blocks")
         return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1, **({"release": 1} if release else {}))
     tma = tma_tiles(p, device)
-    if tma:
-        groups, bk, ring = tma
-        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
-        smem = shared_bytes(p.d, groups, bk, ring, True)
-        why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} consumer warpgroups x "
-               f"64 query rows, S = QK^T and O += PV by wgmma (P from registers); a producer warpgroup loads "
-               f"{ring} K/V buffers of {bk} keys by TMA into the 128-byte swizzle ({smem // 1024} KiB shared); "
-               f"{blocks} blocks")
-        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, stages=ring, producer=1, tma=1)
-    groups, bk, stages, producer = default_tiles(p.d, p.causal != "none")
-    if not fits(p.d, groups, bk, device, stages, producer):
-        groups, bk, stages, producer = (2, 64, 2, False)
-    if padded_dim(p.d) <= 64 and fits(p.d, 3, 64, device, 4, True):
-        # 3 consumer warpgroups (192 query rows, 64-key tiles, ring of 4) ran 1.06-1.12x faster per unit
-        # of work on the H100 (B=8 H=16 S=2048 with and without causal masking, SD 1.5), but their
-        # 192-row tiles pad Sq and make fewer, larger blocks: taken where that still comes out ahead.
-        if THREE_GROUP_GAIN * _occupancy(p, 3, device) > _occupancy(p, groups, device):
-            groups, bk, stages, producer = 3, 64, 4, True
-    if not fits(p.d, groups, bk, device, stages):
+    if tma is None:
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
+    groups, bk, ring = tma
     blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
-    smem = shared_bytes(p.d, groups, bk, stages)
-    why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
-           f"rows, S = QK^T and O += PV by wgmma (P from registers), {stages} K/V buffers of {bk} keys by cp.async"
-           + (", softmax overlapping the P V product" if stages == 3 and not producer else "")
-           + f" ({smem // 1024} KiB shared); {blocks} blocks")
-    if producer:
-        why = why.replace(f"{stages} K/V buffers of {bk} keys by cp.async",
-                          f"a producer warpgroup filling {stages} K/V buffers of {bk} keys (cp.async, mbarriers)")
-        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, stages=stages, producer=1)
-    return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, **({"stages": 3} if stages == 3 else {}))
+    smem = shared_bytes(p.d, groups, bk, ring, True)
+    why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} consumer warpgroups x "
+           f"64 query rows, S = QK^T and O += PV by wgmma (P from registers); a producer warpgroup loads "
+           f"{ring} K/V buffers of {bk} keys by TMA into the 128-byte swizzle ({smem // 1024} KiB shared); "
+           f"{blocks} blocks")
+    return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, stages=ring, producer=1, tma=1)
 
 
 def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
