@@ -191,8 +191,9 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         return []
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, **({"stages": 3} if st == 3 else {}))
              for g in GROUPS for bk in BLOCK_KS for st in STAGES if fits(p.d, g, bk, device, st)]
-    plain += [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **({"stages": r} if r != 2 else {}))
-              for g in GROUPS for bk in BLOCK_KS for r in RINGS if fits(p.d, g, bk, device, r, False, True)]
+    plain += [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **({"stages": r} if r != 2 else {}), **rel)
+              for rel in ({}, {"release": 1}) for g in GROUPS for bk in BLOCK_KS for r in RINGS
+              if fits(p.d, g, bk, device, r, False, True)]
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, **extra)
                    for extra in ({"tma": 1}, {}) for g in GROUPS for bk in BLOCK_KS for ring in RINGS
                    if fits(p.d, g, bk, device, ring, True, bool(extra))]
