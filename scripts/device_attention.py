@@ -68,7 +68,11 @@ SWEEP = {"B=8 H=16 S=2048 D=64": PLAIN64, "B=8 H=16 S=2048 causal": PLAIN64,
          "SD1.5 self D=40": PLAIN64, "SDXL self H=10 S=4096": PLAIN64,
          "Llama3-8B prefill GQA causal": TMA128[:1] + PLAIN128, "DiT-XL S=1024 D=72": PLAIN128,
          "Whisper enc H=20 S=1500": PLAIN64, "GPT-2 causal S=1024": PLAIN64,
-         "Gemma-7B prefill D=256 causal": [_pt(2, 64), _rel(2, 64)]}
+         "Gemma-7B prefill D=256 causal": [_pt(2, 64), _rel(2, 64)],
+         # decoding is memory-bound (SDPA reads K / V at the copy bandwidth): deeper cp.async rings and
+         # more splits keep more bytes in flight per SM
+         "Llama3-8B decode B=16 Sk=4096": [_s(warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=sp,
+                                              stages=st) for sp in (3, 4, 6) for st in (2, 3, 4, 6)]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
