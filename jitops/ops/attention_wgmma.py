@@ -88,10 +88,9 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     whose tensor maps are encoded per pointer in Python)."""
     if p.sq >= 256 and p.sk >= 256:
         return True
-    used = lambda n: n / (ceil_div(n, 128) * 128)   # noqa: E731
     blocks = p.batch * p.heads * ceil_div(p.sq, 128)
-    return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and used(p.sq) >= 0.9 and used(p.sk) >= 0.9
-            and blocks >= device.multiprocessors)
+    return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and _tile_use(p.sq, 128) >= 0.9
+            and _tile_use(p.sk, 128) >= 0.9 and blocks >= device.multiprocessors)
 
 
 def three_group_gain(d: int, causal: bool) -> float:
@@ -105,14 +104,17 @@ def three_group_gain(d: int, causal: bool) -> float:
     return 1.10 if causal else 1.0
 
 
+def _tile_use(n: int, tile: int) -> float:
+    """The share of `n` rows (or keys) in whole tiles of `tile` that is real, not padding."""
+    return n / (ceil_div(n, tile) * tile)
+
+
 def _occupancy(p: AttentionProblem, groups: int, device: DeviceInfo) -> float:
     """The share of the launched work that is real: query rows over padded rows, blocks over whole
     waves of one block per multiprocessor (these kernels keep one block per SM)."""
-    rows = 64 * groups
-    tiles = ceil_div(p.sq, rows)
-    blocks = p.batch * p.heads * tiles
+    blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
     waves = ceil_div(blocks, device.multiprocessors)
-    return (p.sq / (tiles * rows)) * (blocks / (waves * device.multiprocessors))
+    return _tile_use(p.sq, 64 * groups) * (blocks / (waves * device.multiprocessors))
 
 
 def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] | None:
@@ -127,8 +129,8 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
     if not options:
         return None
     gain = {2: 1.0, 3: three_group_gain(p.d, causal)}
-    keys = {bk: p.sk / (ceil_div(p.sk, bk) * bk) for bk in BLOCK_KS}   # key tiles' padding (CLIP: 257 keys)
-    return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * keys[t[1]])
+    # key tiles' padding counts too (CLIP: 257 keys)
+    return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * _tile_use(p.sk, t[1]))
 
 
 def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
@@ -148,8 +150,7 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     dp = padded_dim(p.d)
     causal = p.causal != "none"
     if dp <= 64:
-        keys_used = p.sk / (ceil_div(p.sk, 128) * 128)
-        tiles = (2, 128, causal) if keys_used >= 0.9 else None
+        tiles = (2, 128, causal) if _tile_use(p.sk, 128) >= 0.9 else None
     elif dp <= 160 and causal and tma_tiles(p, device):
         tiles = None
     else:
@@ -208,8 +209,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     groups, bk = int(schedule["groups"]), int(schedule["block_k"])
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
+    release = bool(int(schedule.get("release", 0)))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
-    if int(schedule.get("release", 0)) and (producer or not tma):
+    if release and (producer or not tma):
         raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
     if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
@@ -228,7 +230,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
                             f"{device.name}'s registers")
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
-              "release": bool(int(schedule.get("release", 0)))}
+              "release": release}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
