@@ -170,6 +170,16 @@ def _host_view(ptr: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.frombuffer((ctypes.c_byte * size).from_address(ptr), dtype=dtype).reshape(shape)
 
 
+def _add_outputs(ptrs: dict[str, int], call: int, out_specs: list[tuple[str, TensorSpec, Any]]) -> dict[str, int]:
+    """ptrs with ORT's output buffers of this call added by output name (0 for an empty output)."""
+    for index, (name, spec, dims) in enumerate(out_specs):
+        ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
+        if not ptr and spec.numel:
+            raise OutputAllocationFailed()
+        ptrs[name] = ptr or 0
+    return ptrs
+
+
 MAX_REPEATS = 16    # remembered input arrays per kernel (forgotten all at once when full)
 
 
@@ -180,14 +190,8 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         hit = k.repeats.get(raw)
         if hit is not None and hit[0] == engine.generation():
             _, runner, base, out_specs, derived_key = hit
-            ptrs = dict(base)
-            for index, (name, spec, dims) in enumerate(out_specs):
-                ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
-                if not ptr and spec.numel:
-                    raise OutputAllocationFailed()
-                ptrs[name] = ptr or 0
             k.calls += 1
-            runner(ptrs, stream or 0, derived_key)
+            runner(_add_outputs(dict(base), call, out_specs), stream or 0, derived_key)
             return
     names = k.type.inputs
     shapes: dict[str, tuple[int, ...] | None] = {}
@@ -202,16 +206,11 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         dtypes[name] = ELEM_DTYPES.get(t.elem_type, f"onnx-type-{t.elem_type}")
         ptrs[name] = t.data or 0
     attrs, out_specs = k.plan(shapes, dtypes)
-    out_ptrs = []
-    for index, (_, spec, dims) in enumerate(out_specs):
-        ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
-        if not ptr and spec.numel:
-            raise OutputAllocationFailed()
-        out_ptrs.append(ptr or 0)
+    out_ptrs = _add_outputs({}, call, out_specs)
     k.calls += 1
     if k.provider == 0:
         tensors = {n: (_host_view(ptrs[n], shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
-        outs = {name: _host_view(p, s.storage_shape, s.dtype) for (name, s, _), p in zip(out_specs, out_ptrs)}
+        outs = {name: _host_view(out_ptrs[name], s.storage_shape, s.dtype) for name, s, _ in out_specs}
         layout = k.type.fixed.get("layout")
         engine.run(k.type.op, tensors, {**attrs, "layout": layout} if layout else attrs, out=outs, backend=k.backend)
     else:
@@ -229,8 +228,7 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         if len(k.repeats) >= MAX_REPEATS:
             k.repeats.clear()
         k.repeats[raw] = (key[2], runner, dict(ptrs), out_specs, derived_key)
-        for (name, _, _), p in zip(out_specs, out_ptrs):
-            ptrs[name] = p
+        ptrs.update(out_ptrs)
         runner(ptrs, stream or 0, derived_key)
 
 
