@@ -83,7 +83,7 @@ class BoundPlan:
         # Every slot of the plan's table resolves to a position in the per-call pointer list
         # (inputs, then outputs) or to a workspace name: (argument index, where, (bytes, item size)).
         self.io_names = list(input_names) + list(out_specs)
-        position = {n: k for k, n in enumerate(self.io_names)}
+        self.position = position = {n: k for k, n in enumerate(self.io_names)}
         plan = prepared.plan
 
         def slots(step: Any) -> list:
@@ -117,7 +117,7 @@ class BoundPlan:
         """
         if self.temps or self.kept or self.prepare_steps or self.derived is not None or self.set_sizes:
             return None
-        position = {n: k for k, n in enumerate(self.io_names)}
+        position = self.position
         if any(buffer not in position for step, _ in self.steps for _, buffer, _ in step.tmaps):
             return None     # a tensor map over a workspace: the general loop (prepared.bind)
         ns: dict[str, Any] = {"signature": signature, "NoFastPath": NoFastPath, "lock": self.lock,
