@@ -471,6 +471,25 @@ def test_wgmma_is_refused_where_it_cannot_run():
                 Schedule.make("fused_wgmma", groups=3, block_k=128, stages=3), h100)
 
 
+def test_plain_tma_loop_asks_for_two_blocks_only_where_registers_allow():
+    """The plain TMA loop asks ptxas for two blocks per SM (its speed comes from that) with 2
+    warpgroups; with 3 that would leave 85 registers and ptxas refuses the kernel, so it asks for one.
+    Both compile offline for sm_90a without spills."""
+    from jitops import engine
+    from jitops.runtime import get_backend
+    backend = get_backend(target="sm_90")
+    p = _hopper_problem((1, 2, 300, 64), (1, 2, 500, 64), "float16", causal=True)
+    for groups, want in ((2, 2), (3, 1)):
+        sched = Schedule.make("fused_wgmma", groups=groups, block_k=64, stages=3, tma=1, release=1)
+        launch = op.plan(p, sched, backend.device).launches[0]
+        assert dict(launch.params)["min_blocks"] == want, (groups, dict(launch.params)["min_blocks"])
+        if groups == 3:
+            pytest.importorskip("cuda.bindings.nvrtc")
+            ptx, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
+                                  b"-default-device", b"--ptxas-options=-v")
+            assert "0 bytes spill stores" in text and "C7512" not in text, text
+
+
 def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     """Both loops of fused_wgmma compile offline (NVRTC, sm_90a) to wgmma with no local memory; the
     warpgroup-specialised PTX has the register-A form with a transposed B."""

@@ -228,7 +228,14 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if not fits(p.d, groups, bk, device, stages, producer, tma):
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
+    # The plain TMA loop's speed comes from two blocks sharing an SM (H100: a ring of 3 buffers that
+    # left room for one ran 0.74x): where two fit in shared memory, ask ptxas for registers that fit too.
+    # Only where each thread keeps 128 registers (2 warpgroups): three warpgroups at two blocks get 85,
+    # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
+    two = (tma and not producer and 2 * (smem + 1024) <= device.shared_per_multiprocessor
+           and device.resident_blocks(threads, 0, 128) >= 2)
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
+              "min_blocks": 2 if two else 1,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
               "release": release}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
