@@ -303,8 +303,8 @@ def test_scheduler_picks_by_dtype_head_dim_and_device(emu):
 
 def test_scheduler_decoding_and_model_shapes():
     """On an H100-class target: decoding packs GQA/MQA heads, splits each tile's keys over the warps and
-    the keys over ~3 blocks per SM (the choices the H100 sweep of 2026-11-23 measured fastest); D=40,
-    72 and 256 stay on the matrix cores."""
+    the keys over ~3 blocks per SM only where the row sets do not fill the device (the choices the
+    H100 sweeps of 2026-11-23 / 25 measured fastest); D=40, 72 and 256 stay on the matrix cores."""
     from jitops.device import KNOWN_TARGETS
     h100 = KNOWN_TARGETS["sm_90"]
 
@@ -314,7 +314,8 @@ def test_scheduler_decoding_and_model_shapes():
         return op.heuristic(op.make_problem(specs, {"causal": causal}), h100)
 
     llama = pick((16, 32, 1, 128), (16, 8, 4096, 128))
-    assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama["splits"] == 3
+    assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama.get("splits", 1) == 1
+    assert llama["prefetch"] == 256 and "streams its keys once" in llama.why
     falcon = pick((16, 71, 1, 64), (16, 1, 2048, 64))
     assert falcon.get("pack") and falcon["warps"] == 8 and falcon["key_warps"] == 4 and falcon["splits"] == 8
     assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why
@@ -469,6 +470,20 @@ def test_wgmma_is_refused_where_it_cannot_run():
     with pytest.raises(ScheduleError, match="shared memory"):
         op.plan(_hopper_problem((1, 2, 256, 128), (1, 2, 256, 128)),
                 Schedule.make("fused_wgmma", groups=3, block_k=128, stages=3), h100)
+
+
+def test_unsplit_decode_asks_l2_for_256_byte_prefetches():
+    """The Llama-3 decode pick streams each kv head once with cp.async ... .L2::256B (NVRTC, sm_90)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from jitops import engine
+    from jitops.runtime import get_backend
+    backend = get_backend(target="sm_90")
+    p = _hopper_problem((16, 32, 1, 128), (16, 8, 4096, 128))
+    pick = op.heuristic(p, backend.device)
+    assert pick.algorithm == "fused_mma" and pick["prefetch"] == 256, pick
+    ptx, _ = nvrtc_ptx(engine.kernel_source(backend.device, op.plan(p, pick, backend.device).launches[0]),
+                       b"-arch=sm_90", b"-std=c++17", b"-default-device")
+    assert "cp.async.cg.shared.global.L2::256B" in ptx
 
 
 def test_plain_tma_loop_asks_for_two_blocks_only_where_registers_allow():

@@ -204,6 +204,24 @@ def test_decode_split_kv(dtype, heads, kv_heads):
     check(q, k, v, mask)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_unsplit_streams_with_l2_prefetch(dtype):
+    """Decoding whose kv heads fill the device: one block per kv head streams all its keys (no split,
+    no merge) with 256-byte L2 prefetches, on the scheduler's pick; partial last tile, GQA 4:1 and MHA."""
+    sms = jitops.get_backend().device.multiprocessors
+    for heads, kv_heads in ((32, 8), (8, 8)):
+        batch = -(-sms // kv_heads)                                  # at least one kv head per SM
+        q = randn(batch, heads, 1, 128, dtype=dtype)
+        k, v = randn(batch, kv_heads, 1000, 128, dtype=dtype), randn(batch, kv_heads, 1000, 128, dtype=dtype)
+        specs = {n: TensorSpec(tuple(t.shape), str(dtype).split(".")[-1]) for n, t in (("q", q), ("k", k), ("v", v))}
+        op = get_op("attention")
+        pick = op.heuristic(op.make_problem({**specs, "mask": None}, {}), jitops.get_backend().device)
+        if pick.algorithm == "fused_mma":
+            assert pick.get("splits", 1) == 1 and pick["prefetch"] == 256, pick
+        check(q, k, v)
+        check(q, k, v, causal="bottom_right")
+
+
 def test_bf16_matches_sdpa():
     q, k, v = (randn(4, 8, 512, 64, dtype=torch.bfloat16) for _ in range(3))
     out = check(q, k, v, causal=True)

@@ -88,10 +88,13 @@ def choose_splits(device: DeviceInfo, blocks: int, kv_tiles: int, per_sm: int) -
 
 
 def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int) -> int:
-    """Decoding reads K/V once and is memory-bound: about three blocks per multiprocessor keep enough
-    copies in flight. H100 sweep (2026-11-23): Llama-3 decode (128 blocks) 104.7 us with 3 splits
-    against 114.5 / 122.0 / 124.0 us with 1 / 6 / 12; Falcon MQA (48 blocks) 16.5 us with 8."""
-    if kv_tiles < 4:
+    """Decoding reads K/V once and is memory-bound. A block per multiprocessor that streams a long
+    key range keeps enough copies in flight by itself, and splitting then only adds the merge: H100
+    (2026-11-25, same process) Llama-3 decode, 128 blocks: 94.2-95.6 us unsplit against 104-107 us
+    with 2 or 3 splits (the merge alone 5 us). Fewer blocks than that are split to about three per
+    multiprocessor: Falcon MQA (48 blocks) 16.4 us with 8 splits against 19.7 / 20.5 / 16.7 with
+    2 / 3 / 4 and 29.6 unsplit."""
+    if kv_tiles < 4 or blocks >= 0.9 * device.multiprocessors:
         return 1
     want = round(3 * device.multiprocessors / max(blocks, 1))
     return max(1, min(want, MAX_SPLITS, kv_tiles // 2))
@@ -162,6 +165,8 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
         params["pack"] = True
     if splits > 1:
         params["splits"] = splits
+    elif decoding:      # a block streams its kv head's keys once: L2 fetches 256 bytes per request
+        params["prefetch"] = 256     # (H100 Llama-3 decode 95.6 -> 94.2 us; 128 B: 94.8)
     smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1)
     why = (f"{p.dtype} on matrix cores, D={p.d} padded to {dp}: {w} warps, "
            + (f"{block_q} query rows, each warp 1/{key_warps} of every K/V tile" if key_warps > 1
@@ -169,7 +174,7 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
            + f"; K/V tiles of {bk} keys double-buffered ({smem // 1024} KiB shared); {blocks} blocks"
            + (f" ({p.group} query heads per kv head packed into one row set)" if pack else "")
            + (f", keys split {splits} ways ({blocks * splits} blocks; {per_sm} per SM fit) + merge"
-              if splits > 1 else ""))
+              if splits > 1 else ", each block streams its keys once (L2 prefetch 256 B)" if decoding else ""))
     return Schedule.make("fused_mma", why=why, **params)
 
 
@@ -214,6 +219,9 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     splits = int(schedule.get("splits", 1))
     stages = int(schedule.get("stages", 2))
     pack = bool(schedule.get("pack", False)) and p.group > 1
+    prefetch = int(schedule.get("prefetch", 0))
+    if prefetch not in (0, 64, 128, 256):
+        raise ScheduleError(f"attention fused_mma: prefetch={prefetch} must be 0, 64, 128 or 256 (bytes of L2 prefetch)")
     if (bk % 16 or bk <= 0 or warps <= 0 or groups <= 0 or key_warps <= 0 or warps % key_warps
             or (bk // 16) % key_warps or splits < 1 or not 2 <= stages <= 8):
         raise ScheduleError(f"attention fused_mma: block_k={bk} must be a multiple of 16 whose 16-key slices "
@@ -237,7 +245,8 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     params = {**common, "head_dim": p.d, "warps": warps, "row_groups": groups, "block_k": bk,
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
               "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
-              "packed": pack, "split": splits > 1, "stages": stages}
+              "packed": pack, "split": splits > 1, "stages": stages,
+              "l2_prefetch": prefetch}
     total_rows = p.batch * p.heads * p.sq
     ikind = "i32" if idx == "int" else "i64"
     if splits > 1:
