@@ -34,6 +34,7 @@ MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
     ("Whisper enc H=20 S=1500", (1, 20, 1500, 64), (1, 20, 1500, 64), False),
     ("Llama3-8B prefill GQA causal", (1, 32, 2048, 128), (1, 8, 2048, 128), True),
     ("Llama3-8B decode B=16 Sk=4096", (16, 32, 1, 128), (16, 8, 4096, 128), False),
+    ("Llama3-8B decode B=1 Sk=4096", (1, 32, 1, 128), (1, 8, 4096, 128), False),     # single-stream serving
     ("Falcon-7B decode MQA Sk=2048", (16, 71, 1, 64), (16, 1, 2048, 64), False),
     ("GPT-2 causal S=1024", (8, 12, 1024, 64), (8, 12, 1024, 64), True),
     ("DiT-XL S=1024 D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),

@@ -87,17 +87,24 @@ def choose_splits(device: DeviceInfo, blocks: int, kv_tiles: int, per_sm: int) -
     return next(s for s, e in enumerate(effs, 1) if e >= 0.85 * best)
 
 
-def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int) -> int:
-    """Decoding reads K/V once and is memory-bound. A block per multiprocessor that streams a long
-    key range keeps enough copies in flight by itself, and splitting then only adds the merge: H100
-    (2026-11-25, same process) Llama-3 decode, 128 blocks: 94.2-95.6 us unsplit against 104-107 us
-    with 2 or 3 splits (the merge alone 5 us). Fewer blocks than that are split to about three per
-    multiprocessor: Falcon MQA (48 blocks) 16.4 us with 8 splits against 19.7 / 20.5 / 16.7 with
-    2 / 3 / 4 and 29.6 unsplit."""
+def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int, row_tiles: int = 1) -> int:
+    """Decoding reads K/V once and is memory-bound; H100 sweeps (2026-11-25, same process, fp16):
+    - Enough kv heads to give each multiprocessor a block: no split, each block streams its keys
+      (Llama-3-8B B=16, 128 blocks: 94 us unsplit, 104-107 us with 2-3 splits + the merge).
+    - Fewer, one row tile each: about one block per multiprocessor (Llama-3 B=1, 8 blocks: 13.6 us
+      with 16 splits, 15.0 / 17.9 / 28.8 with 32 / 8 / 4; B=4, 32 blocks: 33.8 us with 6, 35.5 /
+      37.5 with 12 / 3).
+    - Several row tiles per kv head (MQA with many query heads re-reading K/V through L2): about
+      three per multiprocessor (Falcon-7B, 48 blocks: 16.4 us with 8 splits, 16.7 / 20.5 / 29.6 with
+      4 / 3 / 1)."""
     if kv_tiles < 4 or blocks >= 0.9 * device.multiprocessors:
         return 1
-    want = round(3 * device.multiprocessors / max(blocks, 1))
-    return max(1, min(want, MAX_SPLITS, kv_tiles // 2))
+    if row_tiles > 1:
+        want = round(3 * device.multiprocessors / max(blocks, 1))
+    else:
+        want = math.ceil(device.multiprocessors / max(blocks, 1))
+    want = max(1, min(want, MAX_SPLITS, kv_tiles // 2))
+    return math.ceil(kv_tiles / math.ceil(kv_tiles / want))     # splits of whole tiles: none empty
 
 
 def _pack(p: AttentionProblem) -> bool:
@@ -155,7 +162,8 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     per_sm = _blocks_per_sm(device, threads, shared_bytes(p.d, block_q, bk, key_warps, True),
                             _registers(p.d, groups, bk, key_warps, q_in_registers(p.d) if q_regs is None else q_regs))
     kv_tiles = ceil_div(p.sk, bk)
-    splits = decode_splits(device, blocks, kv_tiles) if decoding else choose_splits(device, blocks, kv_tiles, per_sm)
+    splits = (decode_splits(device, blocks, kv_tiles, ceil_div(max(rows, 1), block_q)) if decoding
+              else choose_splits(device, blocks, kv_tiles, per_sm))
     params: dict = dict(warps=w, row_groups=groups, block_k=bk)
     if key_warps > 1:
         params["key_warps"] = key_warps
