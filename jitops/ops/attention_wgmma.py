@@ -140,8 +140,10 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     - up to DP = 64, 2 warpgroups and 128-key tiles: 1.09-1.30x the producer's best on B=8 H=16
       S=2048 (with and without causal masking), SDXL, Whisper and GPT-2; 0.98x on SD 1.5 (D = 40);
       not where 128-key tiles pad the keys (CLIP's 257: 0.88x the 3-warpgroup producer pick);
-    - D = 72 .. 160 without causal masking: 64-key tiles (DiT 1.06x, B=8 H=16 S=2048 D=128 1.08x);
-      with causal masking the producer stays (Llama-3 prefill: plain 0.99x at best, D = 128 causal 1.00x);
+    - D = 72 .. 160: 64-key tiles (DiT 1.06x, B=8 H=16 S=2048 D=128 1.08x). With causal masking
+      the producer loop was as fast until the descriptors moved to uniform registers and ptxas was
+      asked for two blocks per SM (17:28 UTC): since then the plain loop runs Llama-3 prefill in
+      78.3 us against 91.3 (1.17x) and causal B=8 H=16 S=2048 D=128 in 332.5 against 434.5 (1.31x);
     - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop.
     Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x.
     release: consumer warps free each buffer on an mbarrier instead of a block barrier per tile (one
@@ -151,8 +153,6 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     causal = p.causal != "none"
     if dp <= 64:
         tiles = (2, 128, causal) if _tile_use(p.sk, 128) >= 0.9 else None
-    elif dp <= 160 and causal and tma_tiles(p, device):
-        tiles = None
     else:
         tiles = (2, 64, dp > 160)
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
