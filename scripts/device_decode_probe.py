@@ -3,7 +3,7 @@ the same tensors (graph replay), each checked against float64 first, with the K 
 second; for Llama-3 B=16 also torch's own read-only reduction and copy over the same bytes (what
 "memory-bound" can reach). The sweeps behind the decode rules of `attention_mma.decode_splits`.
 
-    python3 scripts/device_decode_probe.py [--problem llama|llama_b1|llama_b4|falcon] [SCHEDULE ...]
+    python3 scripts/device_decode_probe.py [--problem llama|llama_b1|llama_b2|llama_b4|falcon] [SCHEDULE ...]
     SCHEDULE: fused_mma parameters, e.g. warps=4,key_warps=4,block_k=64,splits=1,prefetch=256
     (pack=True and row_groups=1 are added); --once runs the pick and SDPA three times (for ncu).
 """
@@ -20,7 +20,8 @@ from jitops.ops import get_op
 from jitops.ops.base import Schedule, TensorSpec
 
 PROBLEMS = {"llama": ((16, 32, 1, 128), (16, 8, 4096, 128)), "llama_b1": ((1, 32, 1, 128), (1, 8, 4096, 128)),
-            "llama_b4": ((4, 32, 1, 128), (4, 8, 4096, 128)), "falcon": ((16, 71, 1, 64), (16, 1, 2048, 64))}
+            "llama_b2": ((2, 32, 1, 128), (2, 8, 4096, 128)), "llama_b4": ((4, 32, 1, 128), (4, 8, 4096, 128)),
+            "falcon": ((16, 71, 1, 64), (16, 1, 2048, 64))}
 
 
 def parse(spec: str) -> Schedule:
