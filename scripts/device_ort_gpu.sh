@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine: the CUDA execution provider path for real. The onnxruntime-gpu wheel
 # (about 256 MB) is over one device call's carry, so earlier calls in quick succession leave its
-# pieces (split -b 52m -d -a 1 WHEEL .ortgpu/p) under /root/ort; this joins and installs them,
+# pieces (split -b 44m -d -a 1 WHEEL .ortgpu/p: a piece and the working tree
+# must stay under one call's 64 MiB) under /root/ort; this joins and installs them,
 # then runs the ONNX GPU tests (CUDA EP included) with the report under $OUT, or the command given
 # after the checksum (e.g. python3 scripts/device_ort_cuda.py --out $OUT: real models end to end).
 # Usage: scripts/device_ort_gpu.sh SHA256_OF_WHEEL [COMMAND ...]
@@ -9,8 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jitops-out}
 WHEEL=/tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
-cp .ortgpu/p* /root/ort/ 2>/dev/null
-cat /root/ort/p0 /root/ort/p1 /root/ort/p2 /root/ort/p3 /root/ort/p4 > "$WHEEL" || exit 1
+mkdir -p /root/ort; cp .ortgpu/p* /root/ort/ 2>/dev/null
+cat $(ls /root/ort/p* | sort) > "$WHEEL" || exit 1          # every piece, in order
 echo "$1  $WHEEL" | sha256sum -c - || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ortsite "$WHEEL" || exit 1
 export PYTHONPATH=/tmp/ortsite:/tmp/site:$PWD PYTHONUNBUFFERED=1
