@@ -316,8 +316,9 @@ def test_scheduler_decoding_and_model_shapes():
     llama = pick((16, 32, 1, 128), (16, 8, 4096, 128))
     assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama.get("splits", 1) == 1
     assert llama["prefetch"] == 256 and "streams its keys once" in llama.why
-    assert pick((1, 32, 1, 128), (1, 8, 4096, 128))["splits"] == 16      # B=1: about a block per SM
-    assert pick((4, 32, 1, 128), (4, 8, 4096, 128))["splits"] == 5
+    assert pick((1, 32, 1, 128), (1, 8, 4096, 128))["splits"] == 16      # B=1: 4 tiles per split
+    assert pick((2, 32, 1, 128), (2, 8, 4096, 128))["splits"] == 16      # about two blocks per SM
+    assert pick((4, 32, 1, 128), (4, 8, 4096, 128))["splits"] == 8
     falcon = pick((16, 71, 1, 64), (16, 1, 2048, 64))
     assert falcon.get("pack") and falcon["warps"] == 8 and falcon["key_warps"] == 4 and falcon["splits"] == 8
     assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why

@@ -91,9 +91,10 @@ def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int, row_tiles: int
     """Decoding reads K/V once and is memory-bound; H100 sweeps (2026-11-25, same process, fp16):
     - Enough kv heads to give each multiprocessor a block: no split, each block streams its keys
       (Llama-3-8B B=16, 128 blocks: 94 us unsplit, 104-107 us with 2-3 splits + the merge).
-    - Fewer, one row tile each: about one block per multiprocessor (Llama-3 B=1, 8 blocks: 13.6 us
-      with 16 splits, 15.0 / 17.9 / 28.8 with 32 / 8 / 4; B=4, 32 blocks: 33.8 us with 6, 35.5 /
-      37.5 with 12 / 3).
+    - Fewer, one row tile each: about two blocks per multiprocessor, but at least 4 K/V tiles per
+      block (Llama-3 B=1, 8 blocks: 13.6 us with 16 splits, 15.0 / 17.9 / 28.8 with 32 / 8 / 4;
+      B=2, 16 blocks: 16.5 us with 16, 18.3-18.7 with 8 / 12 / 24; B=4, 32 blocks: 33.8 us with 8,
+      34.7 / 35.1 / 35.7 / 37.5 with 6 / 10 / 5 / 3).
     - Several row tiles per kv head (MQA with many query heads re-reading K/V through L2): about
       three per multiprocessor (Falcon-7B, 48 blocks: 16.4 us with 8 splits, 16.7 / 20.5 / 29.6 with
       4 / 3 / 1)."""
@@ -102,7 +103,7 @@ def decode_splits(device: DeviceInfo, blocks: int, kv_tiles: int, row_tiles: int
     if row_tiles > 1:
         want = round(3 * device.multiprocessors / max(blocks, 1))
     else:
-        want = math.ceil(device.multiprocessors / max(blocks, 1))
+        want = min(math.ceil(2 * device.multiprocessors / max(blocks, 1)), kv_tiles // 4)
     want = max(1, min(want, MAX_SPLITS, kv_tiles // 2))
     return math.ceil(kv_tiles / math.ceil(kv_tiles / want))     # splits of whole tiles: none empty
 
