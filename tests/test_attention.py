@@ -457,6 +457,24 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 
+def test_tuner_candidates_leave_out_loops_that_never_won():
+    """sm_90 fp16: the tuner times K / V by TMA only (the cp.async wgmma loops lost every H100
+    comparison) and one SIMT fallback per algorithm; each heuristic pick is among them. AMD (never
+    measured) keeps every SIMT tile."""
+    from collections import Counter
+    from jitops.device import KNOWN_TARGETS
+    p = _hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64))
+    h100 = KNOWN_TARGETS["sm_90"]
+    cands = op.candidates(p, h100)
+    assert all(c.get("tma", 0) == 1 for c in cands if c.algorithm == "fused_wgmma")
+    counts = Counter(c.algorithm for c in cands)
+    assert counts["fused"] == counts["naive"] == counts["three_stage"] == 1, counts
+    assert op.heuristic(p, h100) in cands and len(cands) <= 64, len(cands)
+    assert Counter(c.algorithm for c in op.candidates(p, KNOWN_TARGETS["gfx90a"]))["fused"] > 1
+    fp32 = _hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32")
+    assert Counter(c.algorithm for c in op.candidates(fp32, h100))["fused"] > 1
+
+
 def test_wgmma_is_refused_where_it_cannot_run():
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
