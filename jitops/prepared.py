@@ -27,7 +27,7 @@ from .device import DeviceInfo
 from .errors import ArgumentError
 from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorMap
-from .records import plan_failure, store as record_store
+from .records import op_space, plan_failure, store as record_store
 from .runtime.base import Backend, Kernel, PackedArgs
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
         return op.heuristic(problem, device, algorithm=forced), "forced"
     if forced is not None:
         raise ArgumentError("schedule", "a jitops Schedule or an algorithm name", type(forced).__name__, op=op.NAME)
-    found = record_store().lookup(device, op.NAME, problem.key())
+    found = record_store().lookup(device, op.NAME, problem.key(), op_space(op))
     if found is not None:
         failure = plan_failure(op, problem, found[0], device)
         if failure is None:

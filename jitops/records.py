@@ -8,7 +8,11 @@ match on arch, preferring the same count. The CPU emulator's arch includes its w
 
 A record is a plain JSON object. Required: arch, device, op, problem, schedule. Written by the
 tuner besides: time_us, heuristic {schedule, time_us}, runners_up [{schedule, time_us}], check
-{passed, max_error, rtol, atol}, timing, jitops version, compiler, created. Files are
+{passed, max_error, rtol, atol}, timing, jitops version, compiler, created, and `space`: the op's
+schedule-space generation (the op module's SPACE, raised when it gains a kernel family that
+earlier tuning could not have chosen). A record of another generation is skipped: it was tuned
+over candidates that no longer describe the op, and the next source (or the heuristic) decides.
+Files are
 {"format": 1, "jitops": version, "records": [...]}, written atomically; the user file is changed
 under a lock so that two tuning processes never lose each other's records.
 """
@@ -52,6 +56,19 @@ def user_records_path() -> Path:
 
 def shipped_records_path(arch: str) -> Path:
     return config.schedules_dir() / f"{arch}.json"
+
+
+def record_space(r: dict[str, Any]) -> int:
+    """The schedule-space generation a record was tuned over (0: before generations were stamped)."""
+    try:
+        return int(r.get("space", 0))
+    except (TypeError, ValueError):
+        return -1
+
+
+def op_space(op: Any) -> int:
+    """An op module's schedule-space generation (SPACE, 0 when it never changed)."""
+    return int(getattr(op, "SPACE", 0))
 
 
 def is_valid(r: Any) -> bool:
@@ -199,28 +216,40 @@ class RecordStore:
         self._index[str(path)] = (stamp, table)
         return table
 
-    def find(self, device: DeviceInfo, op: str, problem_key: str) -> tuple[dict[str, Any], str] | None:
-        """The record that applies on this device and where it came from ('user', 'bundle', 'shipped')."""
+    def find(self, device: DeviceInfo, op: str, problem_key: str,
+             space: int = 0) -> tuple[dict[str, Any], str] | None:
+        """The record of schedule-space generation `space` that applies on this device and where it
+        came from ('user', 'bundle', 'shipped')."""
         arch, dkey = record_arch(device), device_key(device)
+
+        def current(r: dict[str, Any] | None, origin: str) -> bool:
+            if r is None:
+                return False
+            if record_space(r) != space:
+                log.info("skipping %s record for %s: tuned over %s's schedule space %d, now %d",
+                         origin, problem_key, op, record_space(r), space)
+                return False
+            return True
+
         with self._lock:
             hit = self._load(user_records_path()).get((arch, dkey, op, problem_key))
-            if hit is not None:
+            if current(hit, "user"):
                 return hit, "user"
             for r in self.extra:
-                if is_valid(r) and (r["arch"], r["op"], r["problem"]) == (arch, op, problem_key):
+                if is_valid(r) and (r["arch"], r["op"], r["problem"]) == (arch, op, problem_key) and current(r, "bundle"):
                     return r, "bundle"
             shipped = self._load(shipped_records_path(arch))
-            hit = shipped.get((arch, dkey, op, problem_key))
-            if hit is None:
-                same_arch = [r for (a, _, o, p), r in shipped.items() if (a, o, p) == (arch, op, problem_key)]
-                hit = same_arch[0] if same_arch else None
-            if hit is not None:
-                return hit, "shipped"
+            same_arch = [r for (a, d, o, p), r in sorted(shipped.items(), key=lambda kv: kv[0][1] != dkey)
+                         if (a, o, p) == (arch, op, problem_key)]      # this device's count first
+            for r in same_arch:
+                if current(r, "shipped"):
+                    return r, "shipped"
         return None
 
-    def lookup(self, device: DeviceInfo, op: str, problem_key: str) -> tuple[Schedule, str] | None:
+    def lookup(self, device: DeviceInfo, op: str, problem_key: str,
+               space: int = 0) -> tuple[Schedule, str] | None:
         """The recorded schedule and where it came from, or None (then the heuristic decides)."""
-        found = self.find(device, op, problem_key)
+        found = self.find(device, op, problem_key, space)
         if found is None:
             return None
         return Schedule.from_dict(found[0]["schedule"]), found[1]

@@ -147,6 +147,26 @@ def test_stale_record_falls_back_to_the_heuristic(isolated, caplog):
     assert "ignoring user record" in caplog.text
 
 
+def test_records_of_another_schedule_space_are_skipped(isolated, monkeypatch, caplog):
+    """A record tuned before the op gained a kernel family (an older SPACE) is skipped: the next
+    source that is current, else the heuristic, decides; the tuner stamps the op's generation."""
+    user, shipped = isolated
+    write_records(shipped / "sm_90.json", [rec(H200, OTHER)])                   # no stamp: generation 0
+    store().invalidate()
+    assert engine.select_schedule(LR, PROBLEM, H200) == (OTHER, "shipped")
+    monkeypatch.setattr(LR, "SPACE", 1, raising=False)
+    with caplog.at_level(logging.INFO, logger="jitops.records"):
+        sched, origin = engine.select_schedule(LR, PROBLEM, H200)
+    assert origin == "heuristic" and sched == LR.heuristic(PROBLEM, H200)
+    assert "schedule space 0, now 1" in caplog.text
+    current = {**rec(H200, FAST), "space": 1}
+    store().put([{**rec(H200, Schedule.make("naive", block=256)), "space": 0}])     # stale user record
+    write_records(shipped / "sm_90.json", [rec(H200, OTHER), current])
+    store().invalidate()
+    assert engine.select_schedule(LR, PROBLEM, H200) == (FAST, "shipped")        # past the stale user one
+    assert records.op_space(get_op("attention")) >= 1                           # fused_wgmma with TMA
+
+
 def test_cli_list_export_merge_clear(tmp_path, isolated, capsys):
     _, shipped = isolated
     store().put([rec(H200), rec(A100, OTHER), rec(H200, OTHER, problem=KEY.replace("1048576", "4096"))])

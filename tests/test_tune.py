@@ -124,6 +124,7 @@ def test_failing_candidates_never_win(cpu, isolated):
     rec = store().user_records()[0]
     assert rec["schedule"]["algorithm"] in ("vectorized", "naive") and rec["check"]["passed"]
     assert rec["candidates"]["wrong"] == 1 and rec["candidates"]["compile_failed"] == 1
+    assert rec["space"] == 0                      # the op's schedule-space generation is stamped
     assert all(u["schedule"]["algorithm"] in ("vectorized", "naive") for u in rec["runners_up"])
 
 

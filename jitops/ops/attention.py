@@ -14,7 +14,12 @@ from .attention_problem import (CAUSAL_MODES, INPUTS, MAX_HEAD_DIM, NAME, Attent
                                 parse_problem, random_inputs, reference, tolerance)
 from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, variants
 
-__all__ = ["NAME", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_DTYPES", "SIMT_HEAD_DIMS",
+# Schedule-space generation (jitops.records): 1 since fused_wgmma with TMA (2026-11-25); records
+# tuned before it never saw that kernel and are skipped (a 2026-11-23 record pinned the seed shape to
+# fused_mma at 0.99x torch where fused_wgmma runs 1.10x, H100).
+SPACE = 1
+
+__all__ = ["NAME", "SPACE", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_DTYPES", "SIMT_HEAD_DIMS",
            "AttentionProblem", "make_problem", "parse_problem", "heuristic", "candidates", "plan", "variants",
            "reference", "random_inputs", "tolerance", "bytes_moved", "flops"]
 

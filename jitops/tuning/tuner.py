@@ -25,7 +25,7 @@ from typing import Any, Iterable
 from .. import engine
 from ..errors import JitopsError
 from ..ops.base import Schedule
-from ..records import device_key, new_record, plan_failure, store
+from ..records import device_key, new_record, op_space, plan_failure, store
 from ..runtime import current_backend
 from . import space
 from .compile_pool import compile_missing
@@ -104,7 +104,7 @@ class TuneResult:
 def from_record(op: ModuleType, problem: Any, backend: Any) -> TuneResult | None:
     """A result from a record measured on this very device (arch and multiprocessor count), if one exists."""
     device = backend.device
-    found = store().find(device, op.NAME, problem.key())
+    found = store().find(device, op.NAME, problem.key(), op_space(op))
     if found is None:
         return None
     rec, origin = found
@@ -273,7 +273,7 @@ def _record(op: ModuleType, problem: Any, backend: Any, result: TuneResult, winn
     for c in cands:
         counts[c.status] = counts.get(c.status, 0) + 1
     warm = timed_warm(op, problem, backend.device)
-    rec = new_record(backend.device, op.NAME, problem.key(), winner.schedule,
+    rec = new_record(backend.device, op.NAME, problem.key(), winner.schedule, space=op_space(op),
                      time_us=round(result.time_us or 0.0, 3),
                      heuristic={"schedule": heur.schedule.as_dict(),
                                 "time_us": None if result.heuristic_us is None else round(result.heuristic_us, 3),
