@@ -9,10 +9,11 @@ that are multiples of 8 up to 256 (padded to 16 inside), GQA, causal, additive m
 memory: 1.16x fused_mma on the H100 (2026-11-25, Gemma-7B prefill, 163 vs 189 us).
 
 On sm_90 the scheduler loads K / V by TMA (`tma=1`: 128-byte-swizzled tiles, tensor maps encoded
-at bind): in the plain loop, thread 0 issuing over two buffers (`plain_tma_tiles`: up to D = 64, D
-above 64 without causal masking, D = 256), else in the warp-specialized loop, one thread of the
-producer warpgroup issuing (`tma_tiles`: causal D = 72-160, keys that 128-key tiles would pad). H100
-model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean); Gemma D = 256 1.83x faster.
+at bind): in the plain loop, thread 0 issuing over two buffers (`plain_tma_tiles`: every D, except
+D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized loop, one thread of
+the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
+loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
+0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
 """
 from __future__ import annotations
 
