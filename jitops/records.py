@@ -239,9 +239,8 @@ class RecordStore:
                 if is_valid(r) and (r["arch"], r["op"], r["problem"]) == (arch, op, problem_key) and current(r, "bundle"):
                     return r, "bundle"
             shipped = self._load(shipped_records_path(arch))
-            same_arch = [r for (a, d, o, p), r in sorted(shipped.items(), key=lambda kv: kv[0][1] != dkey)
-                         if (a, o, p) == (arch, op, problem_key)]      # this device's count first
-            for r in same_arch:
+            same_arch = [r for (a, _, o, p), r in shipped.items() if (a, o, p) == (arch, op, problem_key)]
+            for r in sorted(same_arch, key=lambda r: r["device"] != dkey):     # this device's count first
                 if current(r, "shipped"):
                     return r, "shipped"
         return None

@@ -161,7 +161,7 @@ def test_records_of_another_schedule_space_are_skipped(isolated, monkeypatch, ca
     assert "schedule space 0, now 1" in caplog.text
     current = {**rec(H200, FAST), "space": 1}
     store().put([{**rec(H200, Schedule.make("naive", block=256)), "space": 0}])     # stale user record
-    write_records(shipped / "sm_90.json", [rec(H200, OTHER), current])
+    write_records(shipped / "sm_90.json", [current])
     store().invalidate()
     assert engine.select_schedule(LR, PROBLEM, H200) == (FAST, "shipped")        # past the stale user one
     assert records.op_space(get_op("attention")) >= 1                           # fused_wgmma with TMA
