@@ -50,15 +50,15 @@ def _t(block_k, ring, groups=2):
 
 TMA64 = [_t(128, 3), _t(128, 4), _t(128, 2), _t(64, 4, 3), _t(64, 3, 3), _t(64, 3)]   # DP <= 64
 TMA128 = [_t(64, 3), _t(64, 4), _t(64, 2)]                                            # DP > 64
-def _pt(groups, block_k, ring=2):
+def _pt(groups, block_k, ring=2, **extra):
     """The plain loop (no producer warpgroup) over a ring of TMA-loaded buffers, thread 0 issuing."""
-    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, **({"stages": ring} if ring != 2 else {}))
+    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, **({"stages": ring} if ring != 2 else {}),
+                         **extra)
 
 
 def _rel(groups, block_k, ring=2):
     """The plain TMA loop without a block barrier per tile: consumer warps release buffers on mbarriers."""
-    return Schedule.make("fused_wgmma", groups=groups, block_k=block_k, tma=1, release=1,
-                         **({"stages": ring} if ring != 2 else {}))
+    return _pt(groups, block_k, ring, release=1)
 
 
 PLAIN64 = [_pt(2, 128), _rel(2, 128), _rel(2, 128, 3)]   # DP <= 64
@@ -69,10 +69,10 @@ SWEEP = {"B=8 H=16 S=2048 D=64": PLAIN64, "B=8 H=16 S=2048 causal": PLAIN64,
          "Llama3-8B prefill GQA causal": TMA128[:1] + PLAIN128, "DiT-XL S=1024 D=72": PLAIN128,
          "Whisper enc H=20 S=1500": PLAIN64, "GPT-2 causal S=1024": PLAIN64,
          "Gemma-7B prefill D=256 causal": [_pt(2, 64), _rel(2, 64)],
-         # decoding is memory-bound (SDPA reads K / V at the copy bandwidth): deeper cp.async rings and
-         # more splits keep more bytes in flight per SM
+         # decoding is memory-bound: split or not, with and without L2 prefetches (the decode rules'
+         # sweeps, more shapes and tiles: scripts/device_decode_probe.py)
          "Llama3-8B decode B=16 Sk=4096": [_s(warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=sp,
-                                              stages=st) for sp in (3, 4, 6) for st in (2, 3, 4, 6)]}
+                                              prefetch=pf) for sp in (1, 2, 3) for pf in (0, 256)]}
 
 
 def problem_of(q_shape, kv_shape, dtype, causal):
@@ -320,6 +320,8 @@ def main():
     ap.add_argument("--only", help="comma-separated problem names (default: every shape)")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)       # the sanitizer logs and the JSON report go there
     if args.sanitize_case:
         sanitize_case()
     timer = Timer(torch)
