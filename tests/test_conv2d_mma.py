@@ -209,6 +209,43 @@ def test_wgmma_only_on_hopper_and_half():
         assert launch.block[0] == 128 * (int(s["bm"]) // 64 + int(s["producer"]))
 
 
+def test_wgmma_persistent_grid():
+    """The persistent wgmma grid: one block per resident slot (shared memory without the fp32
+    epilogue tile), offered only where blocks loop over tiles, refused with a reason for NCHW
+    output, split-K or a producer warpgroup; the heuristic swaps in the persistent twin for short K
+    with 8k channels (large_spatial), not for long K, NCHW or 27 channels."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    hopper = jitops.get_backend(target="sm_90").device
+
+    def prob(x, w, layout="nhwc", **attrs):
+        return op.make_problem({"x": TensorSpec(x, "float16", layout), "w": TensorSpec(w, "float16"), "bias": None},
+                               {"padding": 1, **attrs})
+    big = prob((4, 64, 256, 256), (128, 64, 3, 3))
+    s = op.heuristic(big, hopper)
+    assert wg.is_persistent(s) and wg.tile_of(s) == (256, 128, 4, 0), s
+    assert "persistent grid" in s.why
+    launch = next(l for l in op.plan(big, s, hopper).launches if l.kernel == "conv2d_implicit_gemm_wgmma")
+    assert launch.grid == (hopper.multiprocessors, 1, 1)
+    assert launch.shared_bytes == 4 * (256 + 128) * 128 + 1024
+    two = wg.schedule(128, 128, 3, 0, persistent=True)
+    launch = next(l for l in op.plan(big, two, hopper).launches if l.kernel == "conv2d_implicit_gemm_wgmma")
+    assert launch.grid == (2 * hopper.multiprocessors, 1, 1)          # two 97 KB blocks per multiprocessor
+    assert launch.template_params["min_blocks"] == 2
+    for bad, match in ((prob((4, 64, 256, 256), (128, 64, 3, 3), ""), "NHWC output"),):
+        with pytest.raises(ScheduleError, match=match):
+            op.plan(bad, two, hopper)
+    with pytest.raises(ScheduleError, match="no split-K"):
+        op.plan(big, wg.schedule(128, 128, 3, 0, split_k=2, persistent=True), hopper)
+    with pytest.raises(ScheduleError, match="producer"):
+        op.plan(big, wg.schedule(128, 128, 4, 1, persistent=True), hopper)
+    assert not any(wg.is_persistent(c) for c in wg.candidates(prob((2, 64, 20, 20), (96, 64, 3, 3)), hopper))
+    for other in (prob((4, 64, 256, 256), (128, 64, 3, 3), ""),             # NCHW
+                  prob((16, 256, 64, 64), (256, 256, 3, 3)),                # K = 2304
+                  prob((16, 128, 64, 64), (27, 128, 3, 3))):                # 27 channels: scalar stores
+        assert not wg.is_persistent(op.heuristic(other, hopper)), other.describe()
+
+
 def test_mma_plans():
     """What each layout costs in launches: NHWC with 8k channels reads x in place; NCHW (or 3
     channels) adds one copy; split-K adds the reduction; the weights are packed once (prepare)."""

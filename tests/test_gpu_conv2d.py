@@ -264,6 +264,52 @@ def test_wgmma_matches_float64(gpu_backend, dtype, layout):
             assert err <= tol, (s, xs, ws, err)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_wgmma_persistent_matches_float64(gpu_backend, dtype):
+    """The persistent wgmma grid (each block loops over tiles, the next tile's loads overlapping
+    the epilogue, which stores from registers) on problems with more tiles than resident blocks:
+    bias + residual + activation, channels per group not a multiple of 8 (scalar stores), groups,
+    stride 2, 1x1; every persistent tile, into a NaN-filled output. fp32 runs with precision tf32."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"wgmma needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 4e-3}[dtype]
+    extra = {"precision": "tf32"} if dtype == torch.float32 else {}
+    cases = (((2, 24, 120, 120), (40, 24, 3, 3), {"padding": 1, "activation": "relu"}),
+             ((2, 64, 96, 96), (36, 16, 3, 3), {"padding": 1, "groups": 4}),
+             ((4, 64, 80, 80), (72, 64, 1, 1), {"activation": "leaky_relu", "alpha": 0.1}),
+             ((2, 32, 241, 239), (64, 32, 3, 3), {"padding": 1, "stride": 2}))
+    looped = 0
+    for i, (xs, ws, attrs) in enumerate(cases):
+        x = rand(*xs, dtype=dtype, seed=i).to(memory_format=torch.channels_last)
+        w = rand(*ws, dtype=dtype, scale=(ws[1] * ws[2] * ws[3]) ** -0.5, seed=i + 10)
+        b = rand(ws[0], dtype=dtype, seed=i + 20)
+        act, alpha = attrs.get("activation"), attrs.get("alpha", 0.01)
+        conv = {k: v for k, v in attrs.items() if k not in ("activation", "alpha")}
+        ref = F.conv2d(x.double(), w.double(), b.double(), **conv)
+        r = rand(*ref.shape, dtype=dtype, seed=i + 30).to(memory_format=torch.channels_last)
+        ref = ref + r.double()
+        ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
+        nhwc = {"x": TensorSpec(xs, _spec(x).dtype, "nhwc"), "w": _spec(w), "bias": _spec(b),
+                "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
+        p = get_op("conv2d").make_problem(nhwc, {**attrs, **extra})
+        for tile in wg.PERSISTENT_TILES:
+            s = wg.schedule(*tile, bk=wg.bk_of(p), persistent=True)
+            plan = get_op("conv2d").plan(p, s, gpu_backend.device)
+            grid = next(l.grid for l in plan.launches if l.kernel == "conv2d_implicit_gemm_wgmma")
+            tiles = -(-p.pixels // tile[0]) * -(-p.cout_g // tile[1]) * p.groups
+            looped += grid[0] < tiles
+            out = torch.full_like(r, float("nan"))
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs, **extra)
+            assert not torch.isnan(y).any(), (s, xs)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (s, xs, ws, err)
+            if dtype == torch.float32:
+                assert err > 1e-5, (s, xs, "tf32 rounding expected")
+    assert looped >= 8          # most of them ran blocks over several tiles
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_mma_reads_nchw_in_place(gpu_backend, dtype):
     """a_nchw (mma.sync reading an NCHW input in place, no NHWC copy) on 1x1 convs: M tiles across

@@ -105,6 +105,11 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             out.append((rgb, conv2d_stem.schedule(16)))                               # few-channel stem, NHWC stores
             if conv2d_wgmma.why_not(residual, device) is None:                    # sm_90a: one representative
                 out.append((residual, conv2d_wgmma.schedule(128, 128, 4, 1, split_k=1)))
+                res_nhwc = make_problem({"x": TensorSpec((2, 12, 9, 7), dtype, "nhwc"),
+                                         "w": TensorSpec((20, 12, 3, 3), dtype), "bias": TensorSpec((20,), dtype),
+                                         "residual": TensorSpec((2, 20, 5, 4), dtype, "nhwc")},
+                                        {"padding": 1, "stride": 2, "activation": "relu"})
+                out.append((res_nhwc, conv2d_wgmma.schedule(128, 128, 3, 0, persistent=True)))   # scalar stores
             continue
         tf32 = _problem((2, 12, 9, 7), (24, 12, 3, 3), dtype, bias=True, padding=1, stride=2, activation="relu",
                         residual=True, precision="3xtf32")

@@ -151,6 +151,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         if not pool:
             raise ScheduleError(f"conv2d algorithm '{algorithm}' has no schedule that fits {device.name}")
     best, t = _best(p, device, pool)
+    twin = wgmma.persistent_twin(p, best, device) if algorithm in (None, wgmma.ALGORITHM) else None
     others = []
     for alg in ALGORITHMS:
         if alg in ("naive", best.algorithm):
@@ -163,4 +164,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
            f"{best} estimated {t * 1e6:.1f} us")
     if others:
         why += " (best of the others, us: " + ", ".join(others) + ")"
+    if twin is not None:
+        best = twin
+        why += "; on a persistent grid (short K: the next tile's loads overlap the epilogue)"
     return Schedule(best.algorithm, best.params, why)

@@ -25,6 +25,12 @@ DTYPES = ("float16", "bfloat16", "float32")    # fp32 only with precision "tf32"
 TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0), (128, 128, 6, 0),
          (128, 128, 4, 0), (128, 128, 3, 0), (64, 256, 4, 0), (64, 128, 4, 0), (128, 64, 4, 0), (64, 64, 4, 0),
          (128, 128, 4, 1), (192, 128, 4, 1), (128, 64, 3, 0), (64, 128, 3, 0), (192, 64, 3, 0))
+# Tiles also offered on a persistent grid (NHWC output, no split): each block loops over tiles, and
+# its next tile's first K tiles load while the current one's epilogue stores. For problems with a
+# short K (3x3 over 64 channels: 9 K tiles), where a block's prologue and epilogue are a large
+# share of its time.
+PERSISTENT_TILES = ((256, 128, 4, 0), (128, 256, 4, 0), (128, 128, 4, 0), (128, 128, 3, 0), (192, 128, 4, 0),
+                    (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0))
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class WgmmaCost:
     # runs at half the rate); on 29 problems timed with every tile (H100, 2026-11-25) any value
     # from 2.6 to 3.6 picks 1.07x the fastest candidate (3.6 fits the times best, rms 0.25 in log).
     tf32_math: float = 3.2
+    # Persistent tiles (PERSISTENT_TILES): not rated yet, so never the model's pick (the tuner times
+    # them; the heuristic swaps one in by persistent_twin's measured rule). A fit of one factor on
+    # these rates and a separate overhead to 160 timings (H100, 2026-11-25) reached rms 0.20 in
+    # log time but picked persistent tiles where they lost (TF32 k100_2, SD's 320-channel 3x3).
+    persistent_rate: dict = field(default_factory=dict)
 
 
 COST = WgmmaCost()
@@ -82,36 +93,55 @@ def bk_of(p: Conv2dProblem) -> int:
     return 128 // p.itemsize
 
 
-def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64) -> Schedule:
+def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
+             persistent: bool = False) -> Schedule:
+    extra = {"persistent": 1} if persistent else {}
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
-                         split_k=split_k, math="wgmma")
+                         split_k=split_k, math="wgmma", **extra)
+
+
+def is_persistent(s: Schedule) -> bool:
+    """Whether the schedule runs a persistent grid (each block loops over tiles)."""
+    return bool(int(s.get("persistent", 0)))
 
 
 def tile_of(s: Schedule) -> tuple[int, int, int, int]:
     return int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s.get("producer", 0))
 
 
-def shared_bytes(bm: int, bn: int, stages: int) -> int:
-    """The pipeline stages or the fp32 epilogue tile, whichever is larger (they share memory),
-    plus 1024 bytes to align the swizzled stages."""
-    return max(stages * (bm + bn) * 128, epilogue_bytes(bm, bn)) + 1024
+def shared_bytes(bm: int, bn: int, stages: int, persistent: bool = False) -> int:
+    """The pipeline stages or the fp32 epilogue tile, whichever is larger (they share memory;
+    a persistent block stores from registers and has no such tile), plus 1024 bytes to align the
+    swizzled stages."""
+    stage_bytes = stages * (bm + bn) * 128
+    return (stage_bytes if persistent else max(stage_bytes, epilogue_bytes(bm, bn))) + 1024
+
+
+def persistent_blocks(bm: int, bn: int, stages: int, device: DeviceInfo) -> int:
+    """Blocks of a persistent tile that one multiprocessor holds (by shared memory and threads;
+    the kernel's launch bounds ask ptxas for registers to match)."""
+    return device.resident_blocks(threads_of(bm, 0), shared_bytes(bm, bn, stages, True))
 
 
 def threads_of(bm: int, producer: int) -> int:
     return 128 * (bm // 64 + producer)
 
 
-def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo) -> int:
+def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo, persistent: bool = False,
+           splits: int = 1) -> int:
     reason = why_not(p, device)
     if reason:
         raise ScheduleError(reason)
+    if persistent and (tile[3] or splits > 1 or p.layout != "nhwc"):
+        raise ScheduleError("a persistent wgmma grid needs NHWC output, no producer warpgroup and no split-K "
+                            f"(got layout {p.layout or 'nchw'}, producer {tile[3]}, {splits} splits)")
     bm, bn, stages, producer = tile
     if bm % 64 or bn % 64 or bn > 256 or stages < (2 if producer else 3):
         raise ScheduleError(f"wgmma tile {bm}x{bn} with {stages} stages is not supported")
     threads = threads_of(bm, producer)
     if threads > device.max_threads_per_block:
         raise ScheduleError(f"wgmma tile {bm}x{bn}: {threads} threads exceed {device.max_threads_per_block}")
-    smem = shared_bytes(bm, bn, stages)
+    smem = shared_bytes(bm, bn, stages, persistent)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"wgmma tile {bm}x{bn}, {stages} stages: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
@@ -121,13 +151,18 @@ def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo
 def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     tile = tile_of(s)
     bm, bn, stages, producer = tile
-    threads = _check(p, tile, device)
+    persistent = is_persistent(s)
     splits, _ = splits_of(p, s)
+    threads = _check(p, tile, device, persistent, splits)
     params = {"BM": bm, "BN": bn, "BK": bk_of(p), "STAGES": stages, "WG": bm // 64, "producer": producer,
-              "threads": threads}
+              "threads": threads, "persistent": persistent, "min_blocks": 1}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
+    if persistent:
+        resident = persistent_blocks(bm, bn, stages, device)
+        params["min_blocks"] = resident
+        grid = (min(grid[0] * grid[1] * grid[2], device.multiprocessors * resident), 1, 1)
     return plan_around(p, s, "conv2d/wgmma.hip.j2", "conv2d_implicit_gemm_wgmma", params, grid, threads,
-                       shared_bytes(bm, bn, stages))
+                       shared_bytes(bm, bn, stages, persistent))
 
 
 def _split_options(p: Conv2dProblem, bm: int, bn: int, device: DeviceInfo) -> list[int]:
@@ -149,7 +184,37 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         except ScheduleError:
             continue
         out += [schedule(*tile, split_k=k, bk=bk_of(p)) for k in _split_options(p, tile[0], tile[1], device)]
+    if p.layout == "nhwc":
+        for tile in PERSISTENT_TILES:
+            try:
+                _check(p, tile, device, persistent=True)
+            except ScheduleError:
+                continue
+            if ceil_div(p.pixels, tile[0]) * ceil_div(p.cout_g, tile[1]) * p.groups > \
+                    device.multiprocessors * persistent_blocks(*tile[:3], device):
+                out.append(schedule(*tile, bk=bk_of(p), persistent=True))   # only where blocks loop
     return out
+
+
+# Longest K (elements, padded) for which the heuristic swaps a pick for its persistent twin.
+PERSISTENT_MAX_K = 576
+
+
+def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedule | None:
+    """The persistent variant of a picked wgmma schedule, where it is measured to win: the same
+    tile, offered (more tiles than resident blocks), K at most 576 (a 3x3 over 64 channels, 1x1
+    over 256 or fewer) and 8k output channels per group (16-byte stores). On the H100 sweep of
+    2026-11-25 (docs/data/conv2d_persistent_h100_2026-11-25/run2_persist.json) every such case
+    ran faster than its non-persistent twin (11 of 11, fp16 and TF32: 1.01-1.12x); with a longer K
+    or the scalar stores of 27 channels it ran up to 9% slower, so those keep the pick. The cost
+    model does not rate persistent tiles yet (persistent_rate is empty): the tuner times them."""
+    if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
+        return None
+    tile = tile_of(s)
+    if tile not in PERSISTENT_TILES or p.layout != "nhwc" or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K:
+        return None
+    twin = schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
+    return twin if any(c.params == twin.params for c in candidates(p, device)) else None
 
 
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
@@ -160,14 +225,19 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     prm = prm or COST
     bm, bn, stages, producer = tile_of(s)
     peak_sm = 4096 * 1.83e9
-    rate = peak_sm * prm.tile_rate.get((bm, bn, stages, producer), 0.4) / (prm.tf32_math if p.dtype == "float32" else 1)
+    tile = (bm, bn, stages, producer)
+    share = prm.persistent_rate.get(tile, 0.3) if is_persistent(s) else prm.tile_rate.get(tile, 0.4)
+    rate = peak_sm * share / (prm.tf32_math if p.dtype == "float32" else 1)
     bk = bk_of(p)
     splits, per = splits_of(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
     threads = threads_of(bm, producer)
     regs = bn // 2 + 70                           # accumulators + addressing (ptxas: 115-206)
-    resident = max(1, min(device.shared_per_multiprocessor // shared_bytes(bm, bn, stages),
-                          device.registers_per_multiprocessor // (threads * regs)))
+    if is_persistent(s):                          # tiles in turn on resident blocks: the same waves
+        resident = persistent_blocks(bm, bn, stages, device)
+    else:
+        resident = max(1, min(device.shared_per_multiprocessor // shared_bytes(bm, bn, stages),
+                              device.registers_per_multiprocessor // (threads * regs)))
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
     # overhead_k is in 16-bit K elements (bytes per row).
     compute = waves * 2.0 * bm * bn * (per * bk + prm.overhead_k * 2 / p.itemsize) / rate
