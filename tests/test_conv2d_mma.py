@@ -246,6 +246,32 @@ def test_wgmma_persistent_grid():
         assert not wg.is_persistent(op.heuristic(other, hopper)), other.describe()
 
 
+def test_wgmma_nchw_1x1_plans():
+    """The NCHW 1x1 wgmma kernel: offered for NCHW fp16 / bf16 1x1 convs with H * W a multiple of 8,
+    one launch (no NHWC copy), a grid of pixel tiles x channel tiles x images; refused with a reason
+    elsewhere; the heuristic takes it for ResNet-50's NCHW 256 -> 64 1x1 at 56x56 (0.45x cuDNN
+    through a_nchw before it, 0.87x with it: H100, 2026-11-25)."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    hopper = jitops.get_backend(target="sm_90").device
+
+    def prob(x, w, layout="", dtype="float16", **attrs):
+        return op.make_problem({"x": TensorSpec(x, dtype, layout), "w": TensorSpec(w, dtype), "bias": None}, attrs)
+    p = prob((8, 256, 56, 56), (64, 256, 1, 1))
+    s = op.heuristic(p, hopper)
+    assert wg.is_nchw_1x1(s), s
+    plan = op.plan(p, wg.schedule(128, 64, 4, 0, b_nchw=True), hopper)
+    assert [l.kernel for l in plan.launches] == ["conv2d_wgmma_nchw_1x1"]
+    assert plan.launches[0].grid == (49, 1, 8)
+    for bad in (prob((8, 256, 56, 56), (64, 256, 1, 1), "nhwc"), prob((8, 256, 14, 14), (64, 256, 1, 1)),
+                prob((8, 256, 56, 56), (64, 256, 3, 3), padding=1), prob((8, 256, 56, 56), (64, 256, 1, 1), dtype="float32")):
+        assert not any(wg.is_nchw_1x1(c) for c in wg.candidates(bad, hopper)), bad.describe()
+    with pytest.raises(ScheduleError, match="multiple of 8"):
+        op.plan(prob((8, 256, 14, 14), (64, 256, 1, 1)), wg.schedule(128, 64, 4, 0, b_nchw=True), hopper)
+    with pytest.raises(ScheduleError, match="no tile"):
+        op.plan(p, wg.schedule(192, 64, 3, 0, b_nchw=True), hopper)
+
+
 def test_mma_plans():
     """What each layout costs in launches: NHWC with 8k channels reads x in place; NCHW (or 3
     channels) adds one copy; split-K adds the reduction; the weights are packed once (prepare)."""

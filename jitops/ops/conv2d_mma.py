@@ -102,8 +102,9 @@ def channels(p: Conv2dProblem) -> tuple[int, int]:
 
 
 def reads_nchw(s: Schedule) -> bool:
-    """Whether the schedule is an `a_nchw` one: mma.sync reading the NCHW input in place."""
-    return bool(int(s.get("a_nchw", 0)))
+    """Whether the schedule reads an NCHW input in place: mma.sync's `a_nchw` or the wgmma 1x1
+    kernel's `b_nchw` (no NHWC copy)."""
+    return bool(int(s.get("a_nchw", 0))) or bool(int(s.get("b_nchw", 0)))
 
 
 def a_channels(p: Conv2dProblem, s: Schedule) -> int:

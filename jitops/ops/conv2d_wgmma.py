@@ -5,6 +5,10 @@ kernel (conv2d_mma); only the main loop differs: wgmma.mma_async m64nBNk16 readi
 from shared memory, so a warpgroup's products run while its threads prepare the next tile. The
 arch-specific target sm_90a exists on compute capability 9.0 only; elsewhere the mma.sync kernel
 stays the matrix-core path.
+
+Two variants: `persistent` (a grid of resident blocks looping over tiles, for short K) and `b_nchw`
+(a 1x1 convolution of an NCHW input as y_n = W x_n per image, templates/conv2d/wgmma_nchw.hip.j2:
+the image read in place as wgmma's transposed B, no NHWC copy).
 """
 from __future__ import annotations
 
@@ -31,6 +35,10 @@ TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0),
 # share of its time.
 PERSISTENT_TILES = ((256, 128, 4, 0), (128, 256, 4, 0), (128, 128, 4, 0), (128, 128, 3, 0), (192, 128, 4, 0),
                     (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0))
+# Tiles of the NCHW 1x1 kernel (templates/conv2d/wgmma_nchw.hip.j2, `b_nchw`): (output channels,
+# pixels, stages).
+NCHW_TILES = ((128, 128, 4, 0), (128, 64, 4, 0), (64, 128, 4, 0), (64, 64, 4, 0), (128, 256, 4, 0),
+              (256, 128, 4, 0))
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,10 @@ def bk_of(p: Conv2dProblem) -> int:
 
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
-             persistent: bool = False) -> Schedule:
+             persistent: bool = False, b_nchw: bool = False) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
+    if b_nchw:
+        extra["b_nchw"] = 1
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma", **extra)
 
@@ -103,6 +113,20 @@ def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why
 def is_persistent(s: Schedule) -> bool:
     """Whether the schedule runs a persistent grid (each block loops over tiles)."""
     return bool(int(s.get("persistent", 0)))
+
+
+def is_nchw_1x1(s: Schedule) -> bool:
+    """Whether the schedule is the NCHW 1x1 kernel (weights as A, the image read in place as B)."""
+    return bool(int(s.get("b_nchw", 0)))
+
+
+def nchw_1x1_why_not(p: Conv2dProblem) -> str | None:
+    """Why the NCHW 1x1 kernel cannot run this problem (the device aside), or None."""
+    if p.layout == "nhwc" or not p.is_pointwise or p.groups != 1 or p.dtype not in ("float16", "bfloat16"):
+        return "the NCHW 1x1 wgmma kernel takes NCHW fp16 / bf16 1x1 convolutions (stride 1, no padding, one group)"
+    if (p.h * p.w) % 8:
+        return f"the NCHW 1x1 wgmma kernel needs H * W a multiple of 8 (got {p.h * p.w})"
+    return None
 
 
 def tile_of(s: Schedule) -> tuple[int, int, int, int]:
@@ -148,7 +172,24 @@ def _check(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo
     return threads
 
 
+def plan_nchw_1x1(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    bm, bn, stages, producer = tile_of(s)
+    reason = why_not(p, device) or nchw_1x1_why_not(p)
+    if reason:
+        raise ScheduleError(reason)
+    if (bm, bn, stages, producer) not in NCHW_TILES or splits_of(p, s)[0] > 1 or is_persistent(s):
+        raise ScheduleError(f"the NCHW 1x1 wgmma kernel has no tile {bm}x{bn} with {stages} stages, "
+                            f"split-K or a persistent grid")
+    threads = threads_of(bm, 0)
+    params = {"BM": bm, "BN": bn, "STAGES": stages, "threads": threads}
+    grid = (ceil_div(p.h * p.w, bn), ceil_div(p.cout, bm), p.n)
+    return plan_around(p, s, "conv2d/wgmma_nchw.hip.j2", "conv2d_wgmma_nchw_1x1", params, grid, threads,
+                       stages * (bm + bn) * 128 + 1024)
+
+
 def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    if is_nchw_1x1(s):
+        return plan_nchw_1x1(p, s, device)
     tile = tile_of(s)
     bm, bn, stages, producer = tile
     persistent = is_persistent(s)
@@ -184,6 +225,9 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         except ScheduleError:
             continue
         out += [schedule(*tile, split_k=k, bk=bk_of(p)) for k in _split_options(p, tile[0], tile[1], device)]
+    if nchw_1x1_why_not(p) is None and why_not(p, device) is None:
+        out += [schedule(*tile, bk=64, b_nchw=True) for tile in NCHW_TILES
+                if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= max(64, ceil_div(p.h * p.w, 64) * 64)]
     if p.layout == "nhwc":
         for tile in PERSISTENT_TILES:
             try:
@@ -230,7 +274,10 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     rate = peak_sm * share / (prm.tf32_math if p.dtype == "float32" else 1)
     bk = bk_of(p)
     splits, per = splits_of(p, s)
-    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
+    if is_nchw_1x1(s):        # tiles of output channels x pixels of one image
+        blocks = ceil_div(p.h * p.w, bn) * ceil_div(p.cout, bm) * p.n
+    else:
+        blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout_g, bn) * p.groups * splits
     threads = threads_of(bm, producer)
     regs = bn // 2 + 70                           # accumulators + addressing (ptxas: 115-206)
     if is_persistent(s):                          # tiles in turn on resident blocks: the same waves
@@ -249,7 +296,7 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
     w_bytes = p.cout * k_padded(p, bk) * isz
     t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
-    if needs_nhwc_copy(p):
+    if needs_nhwc_copy(p, s):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
         t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
