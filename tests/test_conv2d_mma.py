@@ -247,7 +247,7 @@ def test_wgmma_persistent_grid():
 
 
 def test_wgmma_nchw_1x1_plans():
-    """The NCHW 1x1 wgmma kernel: offered for NCHW fp16 / bf16 1x1 convs with H * W a multiple of 8,
+    """The NCHW 1x1 wgmma kernel: offered for NCHW fp16 / bf16 1x1 convs with H * W a multiple of 4,
     one launch (no NHWC copy), a grid of pixel tiles x channel tiles x images; refused with a reason
     elsewhere; the heuristic takes it for ResNet-50's NCHW 256 -> 64 1x1 at 56x56 (0.45x cuDNN
     through a_nchw before it, 0.87x with it: H100, 2026-11-25)."""
@@ -263,11 +263,13 @@ def test_wgmma_nchw_1x1_plans():
     plan = op.plan(p, wg.schedule(128, 64, 4, 0, b_nchw=True), hopper)
     assert [l.kernel for l in plan.launches] == ["conv2d_wgmma_nchw_1x1"]
     assert plan.launches[0].grid == (49, 1, 8)
-    for bad in (prob((8, 256, 56, 56), (64, 256, 1, 1), "nhwc"), prob((8, 256, 14, 14), (64, 256, 1, 1)),
+    assert op.plan(prob((8, 256, 14, 14), (64, 256, 1, 1)), wg.schedule(128, 64, 4, 0, b_nchw=True),
+                   hopper).launches[0].template_params["CHUNK"] == 4          # 196 pixels: 8-byte copies
+    for bad in (prob((8, 256, 56, 56), (64, 256, 1, 1), "nhwc"), prob((8, 256, 15, 15), (64, 256, 1, 1)),
                 prob((8, 256, 56, 56), (64, 256, 3, 3), padding=1), prob((8, 256, 56, 56), (64, 256, 1, 1), dtype="float32")):
         assert not any(wg.is_nchw_1x1(c) for c in wg.candidates(bad, hopper)), bad.describe()
-    with pytest.raises(ScheduleError, match="multiple of 8"):
-        op.plan(prob((8, 256, 14, 14), (64, 256, 1, 1)), wg.schedule(128, 64, 4, 0, b_nchw=True), hopper)
+    with pytest.raises(ScheduleError, match="multiple of 4"):
+        op.plan(prob((8, 256, 15, 15), (64, 256, 1, 1)), wg.schedule(128, 64, 4, 0, b_nchw=True), hopper)
     with pytest.raises(ScheduleError, match="no tile"):
         op.plan(p, wg.schedule(192, 64, 3, 0, b_nchw=True), hopper)
 

@@ -313,14 +313,16 @@ def test_wgmma_persistent_matches_float64(gpu_backend, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wgmma_nchw_1x1_matches_float64(gpu_backend, dtype):
     """The NCHW 1x1 wgmma kernel (weights as A, the image read in place as a transposed B): input
-    channels below one K tile and past it, output channels and pixels past the tile, bias +
-    residual + ReLU, every tile, into a NaN-filled output."""
+    channels below one K tile and past it, output channels and pixels past the tile, H * W a
+    multiple of 4 but not 8 (8-byte copies and stores), bias + residual + ReLU, every tile, into a
+    NaN-filled output."""
     if not _hopper(gpu_backend):
         pytest.skip(f"wgmma needs an sm_90 device, this is {gpu_backend.device.arch}")
     from jitops.ops import conv2d_wgmma as wg
     tol = 4e-3 if dtype == torch.float16 else 2e-2
     for i, (xs, ws) in enumerate((((2, 20, 12, 10), (24, 20, 1, 1)), ((3, 96, 8, 8), (200, 96, 1, 1)),
-                                  ((1, 256, 16, 16), (64, 256, 1, 1)), ((2, 72, 28, 28), (72, 72, 1, 1)))):
+                                  ((1, 256, 16, 16), (64, 256, 1, 1)), ((2, 72, 28, 28), (72, 72, 1, 1)),
+                                  ((3, 40, 14, 14), (200, 40, 1, 1)), ((2, 96, 6, 10), (24, 96, 1, 1)))):
         x = rand(*xs, dtype=dtype, seed=i)
         w = rand(*ws, dtype=dtype, scale=ws[1] ** -0.5, seed=i + 10)
         b = rand(ws[0], dtype=dtype, seed=i + 20)
@@ -328,7 +330,7 @@ def test_wgmma_nchw_1x1_matches_float64(gpu_backend, dtype):
         ref = F.relu(F.conv2d(x.double(), w.double(), b.double()) + r.double())
         p = get_op("conv2d").make_problem({"x": _spec(x), "w": _spec(w), "bias": _spec(b), "residual": _spec(r)},
                                           {"activation": "relu"})
-        scheds = [s for s in wg.candidates(p, gpu_backend.device) if wg.is_nchw_1x1(s)]
+        scheds = [s for s in wg.candidates(p, gpu_backend.device) if wg.is_nchw_1x1(s)]     # 14x14, 6x10: 4-pixel copies
         assert scheds, xs
         for s in scheds:
             plan = get_op("conv2d").plan(p, s, gpu_backend.device)

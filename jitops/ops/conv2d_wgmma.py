@@ -124,8 +124,8 @@ def nchw_1x1_why_not(p: Conv2dProblem) -> str | None:
     """Why the NCHW 1x1 kernel cannot run this problem (the device aside), or None."""
     if p.layout == "nhwc" or not p.is_pointwise or p.groups != 1 or p.dtype not in ("float16", "bfloat16"):
         return "the NCHW 1x1 wgmma kernel takes NCHW fp16 / bf16 1x1 convolutions (stride 1, no padding, one group)"
-    if (p.h * p.w) % 8:
-        return f"the NCHW 1x1 wgmma kernel needs H * W a multiple of 8 (got {p.h * p.w})"
+    if (p.h * p.w) % 4:
+        return f"the NCHW 1x1 wgmma kernel needs H * W a multiple of 4 (got {p.h * p.w})"
     return None
 
 
@@ -181,7 +181,8 @@ def plan_nchw_1x1(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         raise ScheduleError(f"the NCHW 1x1 wgmma kernel has no tile {bm}x{bn} with {stages} stages, "
                             f"split-K or a persistent grid")
     threads = threads_of(bm, 0)
-    params = {"BM": bm, "BN": bn, "STAGES": stages, "threads": threads}
+    params = {"BM": bm, "BN": bn, "STAGES": stages, "threads": threads,
+              "CHUNK": 8 if (p.h * p.w) % 8 == 0 else 4}        # pixels per copy: 16 or 8 bytes
     grid = (ceil_div(p.h * p.w, bn), ceil_div(p.cout, bm), p.n)
     return plan_around(p, s, "conv2d/wgmma_nchw.hip.j2", "conv2d_wgmma_nchw_1x1", params, grid, threads,
                        stages * (bm + bn) * 128 + 1024)
@@ -226,8 +227,10 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             continue
         out += [schedule(*tile, split_k=k, bk=bk_of(p)) for k in _split_options(p, tile[0], tile[1], device)]
     if nchw_1x1_why_not(p) is None and why_not(p, device) is None:
+        # 4-pixel copies (H * W % 8 == 4) double the B copies per thread: 256 pixels spill (ptxas)
+        widest = 256 if (p.h * p.w) % 8 == 0 else 128
         out += [schedule(*tile, bk=64, b_nchw=True) for tile in NCHW_TILES
-                if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= max(64, ceil_div(p.h * p.w, 64) * 64)]
+                if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
     if p.layout == "nhwc":
         for tile in PERSISTENT_TILES:
             try:
