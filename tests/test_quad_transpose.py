@@ -1,6 +1,6 @@
 """jt_quad_transpose (templates/common/quad.h.j2), which the wgmma conv2d epilogues use to turn
 each lane's accumulator pairs into 8 adjacent outputs: on the CPU emulator at warp 32 and 64, every
-lane's result against the transpose written out in numpy."""
+lane's result against the transpose written out in numpy; and compiled for sm_80 and gfx90a."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,3 +40,15 @@ def test_quad_transpose_on_the_emulator(warp):
     # lane 4k + q ends with slot u = lane 4k + u's slot q
     want = x.reshape(lanes // 4, 4, 4, 2).transpose(0, 2, 1, 3).reshape(lanes, 4, 2)
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "gfx90a"])
+def test_quad_transpose_compiles_for_gpu_targets(target):
+    from jitops.errors import BackendUnavailable
+    try:
+        backend = get_backend(target=target)
+    except BackendUnavailable as exc:
+        pytest.skip(f"no compiler for {target} here: {exc}")    # CI installs them (scripts/setup.sh)
+    source = codegen.prelude(backend.name, target, backend.device.warp_size) + \
+        codegen.environment().from_string(KERNEL).render()
+    assert backend.compile(source, ["quad_transpose"], f"quad_transpose_{target}")
