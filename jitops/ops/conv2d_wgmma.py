@@ -231,16 +231,22 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         widest = 256 if (p.h * p.w) % 8 == 0 else 128
         out += [schedule(*tile, bk=64, b_nchw=True) for tile in NCHW_TILES
                 if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
-    if p.layout == "nhwc":
-        for tile in PERSISTENT_TILES:
-            try:
-                _check(p, tile, device, persistent=True)
-            except ScheduleError:
-                continue
-            if ceil_div(p.pixels, tile[0]) * ceil_div(p.cout_g, tile[1]) * p.groups > \
-                    device.multiprocessors * persistent_blocks(*tile[:3], device):
-                out.append(schedule(*tile, bk=bk_of(p), persistent=True))   # only where blocks loop
+    out += [schedule(*tile, bk=bk_of(p), persistent=True) for tile in PERSISTENT_TILES
+            if persistent_offered(p, tile, device)]
     return out
+
+
+def persistent_offered(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo) -> bool:
+    """Whether `candidates` offers `tile` on a persistent grid: it plans (NHWC output, fits) and
+    there are more tiles than resident blocks, so blocks loop."""
+    if p.layout != "nhwc":
+        return False
+    try:
+        _check(p, tile, device, persistent=True)
+    except ScheduleError:
+        return False
+    return ceil_div(p.pixels, tile[0]) * ceil_div(p.cout_g, tile[1]) * p.groups > \
+        device.multiprocessors * persistent_blocks(*tile[:3], device)
 
 
 # Longest K (elements, padded) for which the heuristic swaps a pick for its persistent twin.
@@ -258,10 +264,10 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
         return None
     tile = tile_of(s)
-    if tile not in PERSISTENT_TILES or p.layout != "nhwc" or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K:
+    if tile not in PERSISTENT_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
+            or not persistent_offered(p, tile, device):
         return None
-    twin = schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
-    return twin if any(c.params == twin.params for c in candidates(p, device)) else None
+    return schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
 
 
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
