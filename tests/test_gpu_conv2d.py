@@ -310,6 +310,18 @@ def test_wgmma_persistent_matches_float64(gpu_backend, dtype):
     assert looped >= 8          # most of them ran blocks over several tiles
 
 
+def _nchw_1x1_case(xs, ws, dtype, seed):
+    """An NCHW 1x1 conv with bias, residual and ReLU: its tensors, the float64 result and the problem."""
+    x = rand(*xs, dtype=dtype, seed=seed)
+    w = rand(*ws, dtype=dtype, scale=ws[1] ** -0.5, seed=seed + 10)
+    b = rand(ws[0], dtype=dtype, seed=seed + 20)
+    r = rand(xs[0], ws[0], xs[2], xs[3], dtype=dtype, seed=seed + 30)
+    ref = F.relu(F.conv2d(x.double(), w.double(), b.double()) + r.double())
+    p = get_op("conv2d").make_problem({"x": _spec(x), "w": _spec(w), "bias": _spec(b), "residual": _spec(r)},
+                                      {"activation": "relu"})
+    return x, w, b, r, ref, p
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_wgmma_nchw_1x1_matches_float64(gpu_backend, dtype):
     """The NCHW 1x1 wgmma kernel (weights as A, the image read in place as a transposed B): input
@@ -323,13 +335,7 @@ def test_wgmma_nchw_1x1_matches_float64(gpu_backend, dtype):
     for i, (xs, ws) in enumerate((((2, 20, 12, 10), (24, 20, 1, 1)), ((3, 96, 8, 8), (200, 96, 1, 1)),
                                   ((1, 256, 16, 16), (64, 256, 1, 1)), ((2, 72, 28, 28), (72, 72, 1, 1)),
                                   ((3, 40, 14, 14), (200, 40, 1, 1)), ((2, 96, 6, 10), (24, 96, 1, 1)))):
-        x = rand(*xs, dtype=dtype, seed=i)
-        w = rand(*ws, dtype=dtype, scale=ws[1] ** -0.5, seed=i + 10)
-        b = rand(ws[0], dtype=dtype, seed=i + 20)
-        r = rand(xs[0], ws[0], xs[2], xs[3], dtype=dtype, seed=i + 30)
-        ref = F.relu(F.conv2d(x.double(), w.double(), b.double()) + r.double())
-        p = get_op("conv2d").make_problem({"x": _spec(x), "w": _spec(w), "bias": _spec(b), "residual": _spec(r)},
-                                          {"activation": "relu"})
+        x, w, b, r, ref, p = _nchw_1x1_case(xs, ws, dtype, seed=i)
         scheds = [s for s in wg.candidates(p, gpu_backend.device) if wg.is_nchw_1x1(s)]     # 14x14, 6x10: 4-pixel copies
         assert scheds, xs
         for s in scheds:
@@ -351,13 +357,7 @@ def test_mma_reads_nchw_in_place(gpu_backend, dtype):
     tol = 4e-3 if dtype == torch.float16 else 2e-2
     for i, (xs, ws) in enumerate((((2, 20, 12, 10), (24, 20, 1, 1)), ((3, 96, 8, 8), (200, 96, 1, 1)),
                                   ((1, 256, 16, 16), (64, 256, 1, 1)), ((2, 64, 14, 14), (72, 64, 1, 1)))):
-        x = rand(*xs, dtype=dtype, seed=i)
-        w = rand(*ws, dtype=dtype, scale=ws[1] ** -0.5, seed=i + 10)
-        b = rand(ws[0], dtype=dtype, seed=i + 20)
-        r = rand(xs[0], ws[0], xs[2], xs[3], dtype=dtype, seed=i + 30)
-        ref = F.relu(F.conv2d(x.double(), w.double(), b.double()) + r.double())
-        p = get_op("conv2d").make_problem({"x": _spec(x), "w": _spec(w), "bias": _spec(b), "residual": _spec(r)},
-                                          {"activation": "relu"})
+        x, w, b, r, ref, p = _nchw_1x1_case(xs, ws, dtype, seed=i)
         scheds = [s for s in candidates(p, gpu_backend.device) if int(s.get("a_nchw", 0))]
         assert scheds
         for s in scheds:
