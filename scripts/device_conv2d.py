@@ -101,8 +101,8 @@ def section_check(out_dir: str) -> dict:
                           f"{p.describe()} {s}", flush=True)
     for dtype in ("float32", "float16", "bfloat16"):      # NHWC depthwise; NCHW kernels behind transposes
         td = {"float32": torch.float32, **TDT}[dtype]
-        for xs, ws, attrs, sched in (((8, 96, 29, 31), (96, 1, 3, 3), dict(padding=1, stride=2, groups=96), "depthwise_nhwc"),
-                                     ((2, 36, 15, 15), (36, 1, 5, 5), dict(padding=2, groups=36), "depthwise_nhwc"),
+        for xs, ws, attrs, sched in (((8, 96, 29, 31), (96, 1, 3, 3), dict(padding=1, stride=2, groups=96), "depthwise"),
+                                     ((2, 36, 15, 15), (36, 1, 5, 5), dict(padding=2, groups=36), "depthwise"),
                                      ((2, 20, 17, 15), (24, 20, 3, 3), dict(padding=1), None)):
             x = torch.randn(xs, device="cuda", generator=gen).to(td)
             w = (torch.randn(ws, device="cuda", generator=gen) / math.sqrt(ws[1] * ws[2] * ws[3])).to(td)
@@ -185,7 +185,7 @@ def small_cases() -> None:
     jitops.conv2d(xc.float(), wc.float(), padding=1, residual=rc.float())                  # SIMT via NCHW transposes
     wd = torch.randn(32, 1, 3, 3, device="cuda", generator=gen).half()
     jitops.conv2d(xc, wd, padding=1, groups=32, residual=torch.randn(2, 32, 9, 11, device="cuda").half()
-                  .to(memory_format=CL), schedule="depthwise_nhwc")                   # NHWC depthwise
+                  .to(memory_format=CL), schedule="depthwise")                   # NHWC depthwise
     torch.cuda.synchronize()
     print("small cases done")
     small_cases_tf32()

@@ -30,10 +30,10 @@ op = get_op("conv2d")
 TOL = {
     ("float32", "naive"): 1e-5, ("float32", "direct"): 1e-5, ("float32", "implicit_gemm"): 1e-5,
     ("float32", "gemm_1x1"): 1e-5, ("float32", "split_k"): 1e-5, ("float32", "direct_stem"): 1e-5,
-    ("float32", "winograd_2x2"): 3e-5, ("float32", "winograd_4x4"): 2e-4,
+    ("float32", "winograd_2x2"): 3e-5, ("float32", "winograd_4x4"): 2e-4, ("float32", "depthwise"): 1e-5,
     ("float16", "naive"): 2e-3, ("float16", "direct"): 2e-3, ("float16", "implicit_gemm"): 2e-3,
     ("float16", "gemm_1x1"): 2e-3, ("float16", "split_k"): 2e-3, ("float16", "direct_stem"): 2e-3,
-    ("float16", "winograd_2x2"): 2e-3, ("float16", "winograd_4x4"): 4e-3,
+    ("float16", "winograd_2x2"): 2e-3, ("float16", "winograd_4x4"): 4e-3, ("float16", "depthwise"): 2e-3,
 }
 
 

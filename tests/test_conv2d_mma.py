@@ -20,6 +20,7 @@ import jitops
 from jitops.errors import ArgumentError, ScheduleError
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
+from jitops.ops import conv2d_depthwise
 from jitops.ops.conv2d_mma import mma_schedule
 from jitops.ops.conv2d_schedules import direct_schedule, gemm_schedule
 
@@ -115,14 +116,53 @@ def test_mma_reads_nchw_in_place(mma_emu, rng, dtype):
                                  "bias": None}, {}), mma_schedule(32, 32, 32, 1, 1, 2, a_nchw=True), mma_emu.device)
 
 
+# Depthwise: (x, w, attrs, layout, (rows, columns) per thread, residual). Output tiles past the edges
+# (OW = 11 over 4 columns, 3 rows over 2), whole rows stored as vectors (NCHW, OW = 8 over 4), stride 2,
+# dilation, asymmetric padding, 7x7, 6 channels (NHWC: 2-wide vectors), both layouts.
+DW_CASES = {
+    "nhwc_s2_residual": ((2, 16, 7, 6), (16, 1, 3, 3), {"padding": 1, "stride": 2, "groups": 16, "activation": "relu"},
+                         "nhwc", (2, 2), True),
+    "nhwc_dilated_vec2": ((1, 6, 9, 9), (6, 1, 5, 5), {"padding": (2, 1, 2, 3), "dilation": (1, 2), "groups": 6},
+                          "nhwc", (1, 4), False),
+    "nchw_tails": ((2, 5, 9, 11), (5, 1, 3, 3), {"padding": 1, "groups": 5, "activation": "leaky_relu", "alpha": 0.1},
+                   None, (2, 4), True),
+    "nchw_row_vectors": ((2, 5, 7, 8), (5, 1, 3, 3), {"padding": 1, "groups": 5, "activation": "relu"}, None, (2, 4),
+                         True),
+    "nchw_7x7": ((1, 4, 10, 9), (4, 1, 7, 7), {"padding": 3, "groups": 4}, None, (4, 4), False),
+    "nchw_5x5_s2": ((1, 3, 13, 12), (3, 1, 5, 5), {"padding": (2, 1, 2, 2), "stride": 2, "groups": 3}, None, (2, 2),
+                    False),
+}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_depthwise_nhwc(emu, rng, dtype):
-    err = run(rng, (2, 16, 7, 6), (16, 1, 3, 3), {"padding": 1, "stride": 2, "groups": 16, "activation": "relu"},
-              dtype, "depthwise_nhwc", residual=True, layout="nhwc")
-    assert err <= TOL[dtype]
-    err = run(rng, (1, 6, 9, 9), (6, 1, 5, 5), {"padding": (2, 1, 2, 3), "dilation": (1, 2), "groups": 6},
-              dtype, "depthwise_nhwc", bias=False, layout="nhwc")   # 6 channels: 2-wide vectors
-    assert err <= TOL[dtype]
+@pytest.mark.parametrize("case", sorted(DW_CASES))
+def test_depthwise(emu, rng, case, dtype):
+    """The depthwise kernel in place on NCHW and NHWC: every output of a thread's tile, the taps
+    falling off each edge, bias, residual and activations, against float64."""
+    if dtype != "float16" and case not in ("nhwc_s2_residual", "nchw_tails", "nchw_row_vectors"):
+        pytest.skip("one dtype for the geometry-only cases (CI time)")
+    x, w, attrs, layout, (rows, cols), residual = DW_CASES[case]
+    err = run(rng, x, w, attrs, dtype, conv2d_depthwise.schedule(rows, cols, 128), residual=residual,
+              bias=case != "nhwc_dilated_vec2", layout=layout)
+    assert err <= TOL[dtype], f"{case} {dtype}: {err:.3e}"
+
+
+def test_depthwise_tiles_and_rule():
+    """Every candidate tile plans; tiles whose input columns exceed the kernel's span limit are refused
+    with a reason, and the rule never offers one."""
+    dev = jitops.get_backend(target="sm_90").device
+    for layout in ("", "nhwc"):
+        for xs, ws, attrs in (((8, 96, 112, 112), (96, 1, 3, 3), {"padding": 1, "groups": 96}),
+                              ((8, 672, 14, 14), (672, 1, 5, 5), {"padding": 2, "stride": 2, "groups": 672}),
+                              ((8, 768, 7, 7), (768, 1, 7, 7), {"padding": 3, "groups": 768})):
+            p = op.make_problem({"x": TensorSpec(xs, "float16", layout), "w": TensorSpec(ws, "float16"),
+                                 "bias": None}, attrs)
+            for s in conv2d_depthwise.candidates(p) + [conv2d_depthwise.heuristic(p)]:
+                op.plan(p, s, dev)
+    p = op.make_problem({"x": TensorSpec((1, 8, 32, 32), "float16"), "w": TensorSpec((8, 1, 7, 7), "float16"),
+                         "bias": None}, {"padding": 3, "stride": 2, "groups": 8})
+    with pytest.raises(ScheduleError, match="input columns"):
+        op.plan(p, conv2d_depthwise.schedule(1, 8), dev)       # 7 * 2 + 7 = 21 columns
 
 
 @pytest.mark.parametrize("schedule", [gemm_schedule("implicit_gemm", (32, 64, 8, 4, 4)),
@@ -154,8 +194,8 @@ def test_argument_errors(emu):
         jitops.conv2d(x, w, layout="nchwc")
     with pytest.raises(ArgumentError, match="x"):
         jitops.conv2d(np.ones((1, 4, 4, 8), np.float32)[..., :7], w, layout="nhwc")   # strided
-    with pytest.raises(ScheduleError, match="NHWC"):
-        jitops.conv2d(x, w, schedule="depthwise_nhwc")
+    with pytest.raises(ScheduleError, match="groups"):
+        jitops.conv2d(x, w, schedule="depthwise")
 
 
 def test_heuristic_uses_matrix_cores_for_half():
@@ -172,7 +212,7 @@ def test_heuristic_uses_matrix_cores_for_half():
         assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1).algorithm == "implicit_gemm_wgmma"
         assert pick((8, 256, 56, 56), (64, 256, 1, 1), dtype, "nhwc").algorithm == "implicit_gemm_wgmma"
         assert pick((8, 256, 56, 56), (256, 256, 3, 3), dtype, padding=1, dev=ampere).algorithm == "implicit_gemm_mma"
-    assert pick((8, 96, 56, 56), (96, 1, 3, 3), "float16", "nhwc", padding=1, groups=96).algorithm == "depthwise_nhwc"
+    assert pick((8, 96, 56, 56), (96, 1, 3, 3), "float16", "nhwc", padding=1, groups=96).algorithm == "depthwise"
     assert pick((8, 256, 56, 56), (256, 256, 3, 3), "float32", padding=1).algorithm not in (
         "implicit_gemm_mma", "implicit_gemm_wgmma")
     why = pick((8, 256, 56, 56), (256, 256, 3, 3), "float16", padding=1).why

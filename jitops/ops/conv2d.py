@@ -98,7 +98,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             dw = make_problem({"x": TensorSpec((1, 24, 9, 7), dtype, "nhwc"), "w": TensorSpec((24, 1, 3, 3), dtype),
                                "bias": TensorSpec((24,), dtype), "residual": TensorSpec((1, 24, 5, 4), dtype, "nhwc")},
                               {"padding": 1, "stride": 2, "groups": 24, "activation": "relu"})
-            out.append((dw, conv2d_depthwise.schedule()))                         # NHWC depthwise, 16-byte vectors
+            out.append((dw, conv2d_depthwise.schedule(2, 2)))                     # NHWC depthwise, 16-byte vectors
             rgb = make_problem({"x": TensorSpec((1, 3, 9, 7), dtype, "nhwc"), "w": TensorSpec((16, 3, 3, 3), dtype),
                                 "bias": TensorSpec((16,), dtype), "residual": TensorSpec((1, 16, 5, 4), dtype, "nhwc")},
                                {"padding": 1, "stride": 2, "activation": "relu"})
@@ -123,6 +123,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             (resnet, S.gemm_schedule("implicit_gemm", (64, 128, 16, 8, 8))),          # BK 16
             (point, S.gemm_schedule("split_k", (32, 128, 8, 4, 8), 4)),
             (odd_point, S.gemm_schedule("gemm_1x1", (16, 128, 8, 4, 4))),             # scalar B loads
+            (depthwise, conv2d_depthwise.schedule(2, 4)),                             # NCHW depthwise in place
         ]
     return out
 

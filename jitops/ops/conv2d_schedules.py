@@ -104,7 +104,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     if wgmma.why_not(p, device) is None:
         out += wgmma.candidates(p, device)
     if depthwise.why_not(p) is None:
-        out.append(depthwise.schedule())
+        out += depthwise.candidates(p)
     if stem.why_not(p) is None:
         out += stem.candidates(p, device)
     return out
@@ -137,7 +137,11 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         return Schedule.make("naive", why="one thread per output (the seeds' baseline)", block=256)
     if algorithm == "implicit_gemm" and p.is_pointwise:
         algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
-    pool = [s for s in candidates(p, device) if s.algorithm != "naive"]
+    # The cost model rates a depthwise layer by its bytes, not by its output tile: the depthwise
+    # kernel competes with its own rule's tile.
+    pool = [s for s in candidates(p, device) if s.algorithm not in ("naive", depthwise.ALGORITHM)]
+    if depthwise.why_not(p) is None:
+        pool.append(depthwise.heuristic(p))
     if algorithm is None and wgmma.why_not(p, device) is None:
         # On sm_90 the wgmma kernel stands in for mma.sync (the tuner still times both): on 122
         # fp16 problems (H100, 2026-11-24) mma.sync was >10% faster on 3, and the two cost models,
