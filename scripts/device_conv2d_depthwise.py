@@ -128,16 +128,16 @@ def summary(rows: list[dict]) -> None:
 
 
 def sanitize_cases() -> None:
-    """Small cases of every branch for compute-sanitizer: both layouts, tiles past the edges, bias,
-    residual, activation, stride, dilation."""
-    for layout in ("nchw", "nhwc"):
+    """Small cases of every branch for compute-sanitizer: both layouts, bf16's word loads (NHWC),
+    tiles past the edges, bias, residual, activation, stride."""
+    for layout, dtype in (("nchw", torch.float16), ("nhwc", torch.float16), ("nhwc", torch.bfloat16)):
         for (xs, ws, attrs), tile in ((((2, 24, 9, 11), (24, 1, 3, 3), {"padding": 1, "groups": 24}), (2, 4)),
                                       (((1, 16, 13, 12), (16, 1, 5, 5), {"padding": 2, "stride": 2, "groups": 16}), (2, 2)),
                                       (((1, 8, 10, 9), (8, 1, 7, 7), {"padding": 3, "groups": 8}), (4, 4))):
-            x = torch.randn(xs, device="cuda", dtype=torch.float16)
+            x = torch.randn(xs, device="cuda", dtype=dtype)
             x = x.to(memory_format=CL) if layout == "nhwc" else x
-            w = torch.randn(ws, device="cuda", dtype=torch.float16)
-            b = torch.randn(ws[0], device="cuda", dtype=torch.float16)
+            w = torch.randn(ws, device="cuda", dtype=dtype)
+            b = torch.randn(ws[0], device="cuda", dtype=dtype)
             y = jitops.conv2d(x, w, b, schedule=conv2d_depthwise.schedule(*tile), **attrs)
             jitops.conv2d(x, w, b, residual=y.clone(), activation="relu", schedule=conv2d_depthwise.schedule(*tile),
                           **attrs)

@@ -256,7 +256,8 @@ def test_heuristic_explains_and_plans(target):
         op.plan(p, s, device)
     depthwise = op.make_problem({"x": TensorSpec((1, 32, 112, 112), "float32"),
                                  "w": TensorSpec((32, 1, 3, 3), "float32")}, {"padding": 1, "groups": 32})
-    assert op.heuristic(depthwise, KNOWN_TARGETS["sm_90"]).algorithm == "direct"
+    # H100, 2026-11-26, the same layer at batch 8 in fp32: the depthwise kernel 9.0 us, direct 23.4, cuDNN 29.1
+    assert op.heuristic(depthwise, KNOWN_TARGETS["sm_90"]).algorithm == "depthwise"
 
 
 def test_heuristic_choices_on_sm90():

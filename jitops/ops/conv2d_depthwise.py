@@ -59,14 +59,32 @@ def candidates(p: Conv2dProblem) -> list[Schedule]:
     return out or [schedule()]
 
 
+# The output tile (rows, columns) per thread by layout, stride and output width (<= 7, <= 14, <= 28,
+# wider), from the H100 sweep of 2026-11-26 (scripts/device_conv2d_depthwise.py: every tile on the 25
+# depthwise layers of MobileNet-V3-L, EfficientNet-B0 and ConvNeXt-T at batch 8, fp16 / bf16 / fp32):
+# the tile with the least summed log time over each bucket's layers. NCHW stays within 1.02x of the
+# fastest tile in every bucket; NHWC wants fewer outputs per thread where a thread already holds 8
+# channels (16-bit types) than where it holds 4 (fp32): registers, not loads, bound it there.
+NCHW_TILES = {1: ((1, 4), (2, 2), (4, 4), (4, 4)), 2: ((1, 4), (1, 2), (2, 2), (2, 2))}
+NHWC_TILES = {(1, 8): ((1, 1), (1, 2), (1, 4), (2, 2)), (2, 8): ((1, 1), (1, 1), (1, 2), (1, 2)),
+              (1, 4): ((1, 8), (1, 8), (2, 4), (4, 4)), (2, 4): ((2, 2), (1, 2), (2, 2), (2, 4))}
+
+
 def heuristic(p: Conv2dProblem) -> Schedule:
-    """The output tile per layout; a placeholder rule until a device sweep sets it."""
-    rows, cols = (1, 4) if p.layout == "nhwc" else (2, 4)
-    while cols > 1 and (span(p, rows, cols)[1] > MAX_SPAN or cols > p.ow):
+    """The measured tile for the layer's layout, stride and output width, shrunk while it reads
+    more than MAX_SPAN input columns or covers far more than the output."""
+    width = 0 if p.ow <= 7 else 1 if p.ow <= 14 else 2 if p.ow <= 28 else 3
+    stride = 1 if p.stride[1] == 1 else 2
+    if p.layout == "nhwc":
+        rows, cols = NHWC_TILES[(stride, 8 if vec_width(p) >= 8 else 4)][width]
+    else:
+        rows, cols = NCHW_TILES[stride][width]
+    while cols > 1 and (span(p, rows, cols)[1] > MAX_SPAN or cols > 2 * p.ow):
         cols //= 2
-    while rows > 1 and rows > p.oh:
+    while rows > 1 and rows > 2 * p.oh:
         rows //= 2
-    return schedule(rows, cols, 256, why=f"depthwise {p.kh}x{p.kw}: {rows} x {cols} outputs per thread")
+    return schedule(rows, cols, 128, why=f"depthwise {p.kh}x{p.kw} stride {p.stride[1]}, {p.layout or 'nchw'}: "
+                                         f"{rows} x {cols} outputs per thread (measured per output width)")
 
 
 def plan_depthwise(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
