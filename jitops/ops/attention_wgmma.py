@@ -14,6 +14,13 @@ D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized lo
 the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
 loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
 0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
+
+Options reachable by an explicit schedule only (H100, 2026-11-26, docs/performance.md "FlashAttention-3's
+overlap, ping-pong and setmaxnreg, tried"): overlap=1 (FlashAttention-3's intra-warpgroup overlap; in the
+plain TMA loop with release=1 and a ring of 3, or the producer loop), pingpong=1 (the two consumer
+warpgroups take turns issuing their products), regs=1 (setmaxnreg in the TMA producer loop). They ran
+1.03-1.04x the pick on B=8 H=16 S=2048 D=128 without causal masking and 0.62-0.96x everywhere else, so
+neither the scheduler nor the tuner's candidates take them.
 """
 from __future__ import annotations
 
