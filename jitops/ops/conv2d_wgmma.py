@@ -34,7 +34,13 @@ TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0),
 # short K (3x3 over 64 channels: 9 K tiles), where a block's prologue and epilogue are a large
 # share of its time.
 PERSISTENT_TILES = ((256, 128, 4, 0), (128, 256, 4, 0), (128, 128, 4, 0), (128, 128, 3, 0), (192, 128, 4, 0),
-                    (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0))
+                    (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0),
+                    # 2026-11-26, for TF32 (untimed: rated at UNRATED_TF32, no twin rule): a deeper ring
+                    # for the 192 x 128 winner, 128 x 192 and 6-stage 128 x 128 as twins of those
+                    # picks, 256 x 64 for 64 output channels (half the weight rows through L2)
+                    (192, 128, 5, 0), (128, 192, 4, 0), (128, 128, 6, 0), (256, 64, 4, 0))
+# The persistent tiles the twin rule may swap in (timed on the H100, 2026-11-25).
+TWIN_TILES = PERSISTENT_TILES[:8]
 # Tiles of the NCHW 1x1 kernel (templates/conv2d/wgmma_nchw.hip.j2, `b_nchw`): (output channels,
 # pixels, stages).
 NCHW_TILES = ((128, 128, 4, 0), (128, 64, 4, 0), (64, 128, 4, 0), (64, 64, 4, 0), (128, 256, 4, 0),
@@ -284,7 +290,7 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
         return None
     tile = tile_of(s)
-    if tile not in PERSISTENT_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
+    if tile not in TWIN_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
             or not persistent_offered(p, tile, device):
         return None
     return schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
