@@ -81,8 +81,29 @@ def _load(path):
         return json.load(f)
 
 
+def _attrs_key(attrs) -> str:
+    """stride, padding, dilation and groups as one string (the runs wrote ints, lists or tuples)."""
+    out = []
+    for name, default in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)):
+        v = attrs.get(name, default)
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        if name != "groups" and len(v) == 1:
+            v = v * 2
+        if name == "padding" and len(v) == 2:
+            v = v * 2
+        out.append(f"{name}={v}")
+    return " ".join(out)
+
+
 def _key(r):
-    return tuple(r["x"]), tuple(r["w"]), r["dtype"]
+    return tuple(r["x"]), tuple(r["w"]), r["dtype"], _attrs_key(r["attrs"])
+
+
+def _find(data, r):
+    """The entry of a run that wrote no attributes (run 2): the one problem with its shapes."""
+    found = [k for k in data if k[:3] == (tuple(r["x"]), tuple(r["w"]), r["dtype"])]
+    assert len(found) == 1, (r["x"], r["w"], found)
+    return data[found[0]]
 
 
 def measured(sweeps=()) -> dict:
@@ -100,7 +121,7 @@ def measured(sweeps=()) -> dict:
                 if isinstance(us, float):
                     d["times"].setdefault(canon(s), us)
     for r in _load(os.path.join(PERSIST_DIR, "run2_persist.json")):
-        d = data[_key(r)]
+        d = _find(data, r)
         scale = d["times"].get(canon(r["pick"]), r["pick_us"]) / r["pick_us"]
         for tile, us in r["persistent"].items():
             if isinstance(us, float):
@@ -109,7 +130,7 @@ def measured(sweeps=()) -> dict:
                 d["times"][canon(str(s))] = us * scale
     for r in _load(os.path.join(PERSIST_DIR, "run3_picks.json")):
         if not r["pick"].startswith(wg.ALGORITHM) and isinstance(r["pick_us"], float):
-            data[_key(r)]["times"].setdefault(canon(r["pick"]), r["pick_us"])
+            data[_key(r)]["times"].setdefault(canon(r["pick"]), r["pick_us"])      # run 3 wrote its attributes
     for d in sweeps:
         for r in _load(os.path.join(d, "sweep.json")):
             times = {canon(s): us for s, us in r["times"].items() if isinstance(us, float)}
