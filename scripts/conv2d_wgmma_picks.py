@@ -1,12 +1,12 @@
 """How good the conv2d heuristic's wgmma picks are, from device timings alone (no device needed),
 and the TF32 constants of conv2d_wgmma.WgmmaCost chosen on those timings.
 
-  python3 scripts/conv2d_wgmma_picks.py [--tree DIR] [--sweep DIR ...] [--verbose]
+  python3 scripts/conv2d_wgmma_picks.py [--tree DIR] [--sweep FILE ...] [--verbose]
       per precision (fp16, bf16, TF32) and set: the heuristic's pick (every algorithm, as
       jitops runs it on an H100) against the fastest timed candidate of the problem, geometric
       mean and worst, and against cuDNN; picks that were never timed are listed, not guessed.
       --tree: evaluate another source tree's jitops (e.g. `git archive BASE | tar -x -C DIR`).
-  python3 scripts/conv2d_wgmma_picks.py --tf32 [--lam 0.5] [--seeds 4] [--loo] [--sweep DIR ...]
+  python3 scripts/conv2d_wgmma_picks.py --tf32 [--lam 1] [--seeds 4] [--loo] [--sweep FILE ...]
       choose the TF32 constants (per-tile rates of the dense TF32 rate, non-persistent and
       persistent, the two per-block overheads and the L2 rate): least squares on log time of
       every timed wgmma candidate, weighted 1 / candidates per problem, times `lam`, plus the log
@@ -23,8 +23,10 @@ Timings (H100 80GB HBM3, graph replay, every candidate checked against float64 b
       the same non-persistent schedule (the pick of each run; the runs differ by up to 8%)
   docs/data/conv2d_persistent_h100_2026-11-25/run3_picks.json     the picks of that evening,
       used only for schedules no other run timed (the RGB stems' direct_stem)
-  --sweep DIR: sweep.json of scripts/device_conv2d_persistent.py --sweep (one run, every
-      candidate); a problem it holds takes its times from it alone.
+  --sweep FILE: sweep.json(.gz) of scripts/device_conv2d_persistent.py --sweep (one run, every
+      candidate), e.g. docs/data/conv2d_tf32_h100_2026-11-26/run1_sweep.json.gz (the TF32
+      constants' data); a problem it holds takes its times from it alone (read up to the first
+      row with a failed call: that run ran out of memory at its end).
 """
 from __future__ import annotations
 
@@ -131,8 +133,10 @@ def measured(sweeps=()) -> dict:
     for r in _load(os.path.join(PERSIST_DIR, "run3_picks.json")):
         if not r["pick"].startswith(wg.ALGORITHM) and isinstance(r["pick_us"], float):
             data[_key(r)]["times"].setdefault(canon(r["pick"]), r["pick_us"])      # run 3 wrote its attributes
-    for d in sweeps:
-        for r in _load(os.path.join(d, "sweep.json")):
+    for path in sweeps:
+        for r in _load(path):
+            if any(isinstance(us, str) and us.startswith("error") for us in r["times"].values()):
+                break                   # failed calls (out of memory): this row and the later ones are suspect
             times = {canon(s): us for s, us in r["times"].items() if isinstance(us, float)}
             if not times:
                 continue
@@ -191,7 +195,7 @@ class Tf32Fit:
 
     def __init__(self, data: dict):
         self.tiles = list(wg.TILES) + [("p",) + t for t in wg.PERSISTENT_TILES]
-        rows, self.groups = [], []
+        rows, self.groups, self.sections = [], [], []
         for d in data.values():
             if d["dtype"] != "tf32":
                 continue
@@ -209,13 +213,18 @@ class Tf32Fit:
                     rows[where[canon(str(s))]] = rows[where[canon(str(s))]][:-1] + (where[canon(str(twin))],)
             if idx:
                 self.groups.append((d["label"], np.array(idx), min(rows[i][7] for i in idx)))
+                self.sections.append(d["section"])
         r = np.array(rows)
         self.ti = r[:, 0].astype(int)
         self.w, self.k, self.bytes, self.dram, self.fixed, self.extra, self.t = (r[:, i] for i in range(1, 8))
         self.g = r[:, 8].astype(int)
         self.twin = np.where(r[:, 9] >= 0, r[:, 9], np.arange(len(r))).astype(int)
         self.pers = np.array([isinstance(self.tiles[i][0], str) for i in self.ti])
-        self.weight = np.array([1.0 / len(self.groups[g][1]) for g in self.g])
+        # Each set (benchmark problems, large layers, torchvision layers) weighs the same, and each
+        # problem the same within its set.
+        count = Counter(self.sections)
+        self.problem_weight = np.array([1.0 / count[sec] for sec in self.sections])
+        self.weight = np.array([self.problem_weight[g] / len(self.groups[g][1]) for g in self.g])
         counts = Counter(self.ti.tolist())
         self.free = [i for i in range(len(self.tiles)) if counts.get(i)] + [len(self.tiles) + j for j in range(3)]
 
@@ -247,12 +256,19 @@ class Tf32Fit:
         return (ti, waves * 2.0 * bm * bn / (4096 * 1.83e9 / 2), per * bk, rows * per * bk * isz, dram,
                 PARAMS.launch_s, extra)
 
-    def start(self) -> np.ndarray:
+    def current(self) -> np.ndarray:
+        """The constants in jitops/ops/conv2d_wgmma.py."""
         c = wg.COST
         x = [math.log(c.tf32_persistent_rate.get(t[1:], wg.UNRATED_TF32) if t[0] == "p"
                       else c.tf32_rate.get(t, wg.UNRATED_TF32)) for t in self.tiles]
         return np.array(x + [math.log(c.tf32_overhead_k), math.log(c.tf32_persistent_overhead_k),
                              math.log(c.tf32_l2_bytes_per_s)])
+
+    def start(self) -> np.ndarray:
+        """Where the fit starts (fixed, so that the result depends on the data alone): every timed
+        tile at half the rate, 150 K elements of overhead, 8 TB/s from L2."""
+        x = [math.log(0.5) if i in self.free else math.log(wg.UNRATED_TF32) for i in range(len(self.tiles))]
+        return np.array(x + [math.log(150.0), math.log(150.0), math.log(8e12)])
 
     def estimate(self, x) -> np.ndarray:
         n = len(self.tiles)
@@ -273,7 +289,8 @@ class Tf32Fit:
 
     def objective(self, x, lam, groups=None) -> float:
         logs = self.pick_logs(x, groups)
-        return logs.mean() + 0.25 * logs.max() + lam * self.rms(x, groups) ** 2
+        w = self.problem_weight if groups is None else self.problem_weight[sorted(groups)]
+        return float((logs * w).sum() / w.sum()) + 0.25 * logs.max() + lam * self.rms(x, groups) ** 2
 
     def fit(self, x0, lam, groups=None, seed=0, rounds=3):
         rng = random.Random(seed)
@@ -305,11 +322,12 @@ class Tf32Fit:
 
 def fit_tf32(data: dict, lam: float, seeds: int, loo: bool) -> None:
     f = Tf32Fit(data)
-    x0 = f.start()
-    logs = f.pick_logs(x0)
+    xc = f.current()
+    logs = f.pick_logs(xc)
     print(f"{len(f.t)} timed TF32 candidates on {len(f.groups)} problems; {len(f.free) - 3} tiles rated")
     print(f"current constants: pick / fastest {math.exp(logs.mean()):.3f}, worst {math.exp(logs.max()):.3f}, "
-          f"rms {f.rms(x0):.3f}")
+          f"rms {f.rms(xc):.3f}")
+    x0 = f.start()
     x, _ = min((f.fit(x0, lam, seed=s) for s in range(seeds)), key=lambda r: r[1])
     logs = f.pick_logs(x)
     print(f"fitted (lam {lam}): pick / fastest {math.exp(logs.mean()):.3f}, worst {math.exp(logs.max()):.3f}, "
@@ -329,7 +347,7 @@ def main() -> None:
     sweeps = [args[i + 1] for i, a in enumerate(args) if a == "--sweep"]
     data = measured(sweeps)
     if "--tf32" in args:
-        lam = float(args[args.index("--lam") + 1]) if "--lam" in args else 0.5
+        lam = float(args[args.index("--lam") + 1]) if "--lam" in args else 1.0
         seeds = int(args[args.index("--seeds") + 1]) if "--seeds" in args else 4
         fit_tf32(data, lam, seeds, "--loo" in args)
     else:

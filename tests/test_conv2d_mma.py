@@ -248,9 +248,9 @@ def test_wgmma_persistent_grid():
 
 def test_wgmma_tf32_rates_its_own_tiles():
     """TF32 has rates of its own, persistent tiles included (scripts/conv2d_wgmma_picks.py --tf32):
-    the 192 x 128 persistent tile for large_spatial and for k100_5 (K = 5760, past the fp16 twin
-    rule), the picks' estimates near the H100's timings, and the fp16 picks of the same shapes
-    unchanged."""
+    the 192 x 128 tile for large_spatial (persistent, 171.6 us on the H100 sweep of 2026-11-26) and
+    k100_5 (229.2 us; the fp16 rates had picked 64 x 128, 319.7 us), estimates within 10% of those
+    times, and the fp16 picks of the same shapes unchanged."""
     from jitops.ops import conv2d_wgmma as wg
     from jitops.ops.conv2d_cost import estimate
     hopper = jitops.get_backend(target="sm_90").device
@@ -259,12 +259,13 @@ def test_wgmma_tf32_rates_its_own_tiles():
         extra = {"precision": "tf32"} if dtype == "float32" else {}
         return op.make_problem({"x": TensorSpec(x, dtype, "nhwc"), "w": TensorSpec(w, dtype), "bias": None},
                                {"padding": 1, **extra})
-    for x, w, us in (((4, 64, 256, 256), (128, 64, 3, 3), 166.9), ((2, 640, 64, 64), (640, 640, 3, 3), 200.7)):
+    for x, w, persistent, us in (((4, 64, 256, 256), (128, 64, 3, 3), True, 171.6),
+                                 ((2, 640, 64, 64), (640, 640, 3, 3), False, 229.2)):
         s = op.heuristic(prob(x, w, "float32"), hopper)
-        assert wg.is_persistent(s) and wg.tile_of(s) == (192, 128, 4, 0), s
-        assert 0.7 < estimate(prob(x, w, "float32"), s, hopper) * 1e6 / us < 1.4
+        assert wg.tile_of(s) == (192, 128, 4, 0) and wg.is_persistent(s) == persistent, s
+        assert 0.9 < estimate(prob(x, w, "float32"), s, hopper) * 1e6 / us < 1.1
     assert wg.tile_of(op.heuristic(prob((4, 64, 256, 256), (128, 64, 3, 3), "float16"), hopper)) == (256, 128, 4, 0)
-    assert not wg.is_persistent(op.heuristic(prob((2, 640, 64, 64), (640, 640, 3, 3), "float16"), hopper))
+    assert wg.tile_of(op.heuristic(prob((2, 640, 64, 64), (640, 640, 3, 3), "float16"), hopper)) == (128, 192, 4, 0)
     assert set(wg.COST.tf32_persistent_rate) <= set(wg.PERSISTENT_TILES) and set(wg.COST.tf32_rate) <= set(wg.TILES)
 
 
