@@ -35,9 +35,9 @@ TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0),
 # share of its time.
 PERSISTENT_TILES = ((256, 128, 4, 0), (128, 256, 4, 0), (128, 128, 4, 0), (128, 128, 3, 0), (192, 128, 4, 0),
                     (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0),
-                    # 2026-11-26: 6-stage 128 x 128, fastest of its problem in 7 of 135 TF32 sweeps
+                    # 2026-11-26: 6-stage 128 x 128, fastest candidate of 7 of 121 problems in a TF32 sweep
                     # (H100; 0.94-0.98x the next tile). Tried and left out the same day: 192 x 128 with 5
-                    # stages (1 of 135; large_spatial 1.002x the 4-stage ring), 128 x 192 and 256 x 64
+                    # stages (fastest of 1 of 121; large_spatial 1.002x the 4-stage ring), 128 x 192 and 256 x 64
                     # (none; 1.06-2.0x the fastest).
                     (128, 128, 6, 0))
 # The persistent tiles the fp16 / bf16 twin rule may swap in (timed in fp16 on the H100, 2026-11-25).
