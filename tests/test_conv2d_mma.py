@@ -286,6 +286,29 @@ def test_wgmma_persistent_grid():
         assert not wg.is_persistent(op.heuristic(other, hopper)), other.describe()
 
 
+def test_wgmma_tf32_rates_its_own_tiles():
+    """TF32 has rates of its own, persistent tiles included (scripts/conv2d_wgmma_picks.py --tf32):
+    the 192 x 128 tile for large_spatial (persistent, 171.6 us on the H100 sweep of 2026-11-26) and
+    k100_5 (229.2 us; the fp16 rates had picked 64 x 128, 319.7 us), estimates within 10% of those
+    times, and the fp16 picks of the same shapes unchanged."""
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.conv2d_cost import estimate
+    hopper = jitops.get_backend(target="sm_90").device
+
+    def prob(x, w, dtype):
+        extra = {"precision": "tf32"} if dtype == "float32" else {}
+        return op.make_problem({"x": TensorSpec(x, dtype, "nhwc"), "w": TensorSpec(w, dtype), "bias": None},
+                               {"padding": 1, **extra})
+    for x, w, persistent, us in (((4, 64, 256, 256), (128, 64, 3, 3), True, 171.6),
+                                 ((2, 640, 64, 64), (640, 640, 3, 3), False, 229.2)):
+        s = op.heuristic(prob(x, w, "float32"), hopper)
+        assert wg.tile_of(s) == (192, 128, 4, 0) and wg.is_persistent(s) == persistent, s
+        assert 0.9 < estimate(prob(x, w, "float32"), s, hopper) * 1e6 / us < 1.1
+    assert wg.tile_of(op.heuristic(prob((4, 64, 256, 256), (128, 64, 3, 3), "float16"), hopper)) == (256, 128, 4, 0)
+    assert wg.tile_of(op.heuristic(prob((2, 640, 64, 64), (640, 640, 3, 3), "float16"), hopper)) == (128, 192, 4, 0)
+    assert set(wg.COST.tf32_persistent_rate) <= set(wg.PERSISTENT_TILES) and set(wg.COST.tf32_rate) <= set(wg.TILES)
+
+
 def test_wgmma_nchw_1x1_plans():
     """The NCHW 1x1 wgmma kernel: offered for NCHW fp16 / bf16 1x1 convs with H * W a multiple of 4,
     one launch (no NHWC copy), a grid of pixel tiles x channel tiles x images; refused with a reason

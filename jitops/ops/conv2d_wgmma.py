@@ -34,11 +34,28 @@ TILES = ((128, 256, 4, 0), (256, 128, 4, 0), (192, 128, 4, 0), (128, 192, 4, 0),
 # short K (3x3 over 64 channels: 9 K tiles), where a block's prologue and epilogue are a large
 # share of its time.
 PERSISTENT_TILES = ((256, 128, 4, 0), (128, 256, 4, 0), (128, 128, 4, 0), (128, 128, 3, 0), (192, 128, 4, 0),
-                    (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0))
+                    (128, 64, 4, 0), (64, 128, 4, 0), (128, 64, 3, 0),
+                    # 2026-11-26: 6-stage 128 x 128, fastest candidate of 7 of 121 problems in a TF32 sweep
+                    # (H100; 0.94-0.98x the next tile). Tried and left out the same day: 192 x 128 with 5
+                    # stages (fastest of 1 of 121; large_spatial 1.002x the 4-stage ring), 128 x 192 and 256 x 64
+                    # (none; 1.06-2.0x the fastest).
+                    (128, 128, 6, 0))
+# The persistent tiles the fp16 / bf16 twin rule may swap in (timed in fp16 on the H100, 2026-11-25).
+TWIN_TILES = PERSISTENT_TILES[:8]
 # Tiles of the NCHW 1x1 kernel (templates/conv2d/wgmma_nchw.hip.j2, `b_nchw`): (output channels,
 # pixels, stages).
 NCHW_TILES = ((128, 128, 4, 0), (128, 64, 4, 0), (64, 128, 4, 0), (64, 64, 4, 0), (128, 256, 4, 0),
               (256, 128, 4, 0))
+
+
+# TF32 constants of WgmmaCost (chosen and printed by scripts/conv2d_wgmma_picks.py --tf32). Tiles
+# without TF32 timings are rated at UNRATED_TF32.
+TF32_RATE = {(128, 256, 4, 0): 0.741, (256, 128, 4, 0): 0.559, (192, 128, 4, 0): 0.746, (128, 192, 4, 0): 0.749, (128, 128, 6, 0): 0.604, (128, 128, 4, 0): 0.547, (128, 128, 3, 0): 0.466, (64, 256, 4, 0): 0.468, (64, 128, 4, 0): 0.65, (128, 64, 4, 0): 0.67, (64, 64, 4, 0): 0.741, (128, 128, 4, 1): 0.527, (192, 128, 4, 1): 0.644, (128, 64, 3, 0): 0.607, (64, 128, 3, 0): 0.766, (192, 64, 3, 0): 0.407}
+TF32_PERSISTENT_RATE = {(256, 128, 4, 0): 0.584, (128, 256, 4, 0): 0.739, (128, 128, 4, 0): 0.515, (128, 128, 3, 0): 0.591, (192, 128, 4, 0): 0.586, (128, 64, 4, 0): 0.514, (64, 128, 4, 0): 0.522, (128, 64, 3, 0): 0.487, (128, 128, 6, 0): 0.535}
+TF32_OVERHEAD_K = 184.9
+TF32_PERSISTENT_OVERHEAD_K = 96.9
+TF32_L2_BYTES_PER_S = 7.39e+12
+UNRATED_TF32 = 0.25
 
 
 @dataclass(frozen=True)
@@ -64,15 +81,27 @@ class WgmmaCost:
     # Fixed seconds a split-K call adds: the second (reduction) kernel and the fp32 workspace's
     # first touch; its bytes are charged apart at the copy rate.
     split_s: float = 2.22e-6
-    # fp32 with precision "tf32": time per flop against the same tile in fp16. Nominally 2 (TF32
-    # runs at half the rate); on 29 problems timed with every tile (H100, 2026-11-25) any value
-    # from 2.6 to 3.6 picks 1.07x the fastest candidate (3.6 fits the times best, rms 0.25 in log).
-    tf32_math: float = 3.2
-    # Persistent tiles (PERSISTENT_TILES): not rated yet, so never the model's pick (the tuner times
+    # Persistent tiles (PERSISTENT_TILES) in fp16 / bf16: not rated yet, so never the model's pick (the tuner times
     # them; the heuristic swaps one in by persistent_twin's measured rule). A fit of one factor on
     # these rates and a separate overhead to 160 timings (H100, 2026-11-25) reached rms 0.20 in
     # log time but picked persistent tiles where they lost (TF32 k100_2, SD's 320-channel 3x3).
     persistent_rate: dict = field(default_factory=dict)
+    # fp32 with precision "tf32": constants of its own, persistent tiles rated. Per tile, the share
+    # of the dense TF32 rate (half the fp16 one) in the main loop, non-persistent and persistent;
+    # per-block overheads in fp32 K elements; the L2's rate into shared memory. Chosen by
+    # scripts/conv2d_wgmma_fit.py --tf32 (docs/conv2d.md, "Choosing a TF32 tile"): least squares
+    # on log time plus the time the picks lose to the fastest timed candidate of each problem.
+    # The fp16 rates over a single factor (3.2) ranked the TF32 tiles badly: 64 x 128 on k100_5
+    # (1.43x the 192 x 128 persistent tile), and persistent tiles only by the fp16 twin rule.
+    # They were fitted on channels_last timings only: NCHW inputs (an NHWC copy in, an NCHW store out)
+    # keep the earlier estimate, the fp16 rates over tf32_math (that fit moved 7 small NCHW 1x1
+    # layers off the exact kernels onto wgmma, 0.58-0.95x their time, H100 2026-11-26 run 2).
+    tf32_math: float = 3.2
+    tf32_rate: dict = field(default_factory=lambda: dict(TF32_RATE))
+    tf32_persistent_rate: dict = field(default_factory=lambda: dict(TF32_PERSISTENT_RATE))
+    tf32_overhead_k: float = TF32_OVERHEAD_K
+    tf32_persistent_overhead_k: float = TF32_PERSISTENT_OVERHEAD_K
+    tf32_l2_bytes_per_s: float = TF32_L2_BYTES_PER_S
 
 
 COST = WgmmaCost()
@@ -259,12 +288,14 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     over 256 or fewer) and 8k output channels per group (16-byte stores). On the H100 sweep of
     2026-11-25 (docs/data/conv2d_persistent_h100_2026-11-25/run2_persist.json) every such case
     ran faster than its non-persistent twin (11 of 11, fp16 and TF32: 1.01-1.12x); with a longer K
-    or the scalar stores of 27 channels it ran up to 9% slower, so those keep the pick. The cost
-    model does not rate persistent tiles yet (persistent_rate is empty): the tuner times them."""
+    or the scalar stores of 27 channels it ran up to 9% slower, so those keep the pick. The fp16 /
+    bf16 model does not rate persistent tiles (persistent_rate is empty): the tuner times them.
+    TF32 rates them (tf32_persistent_rate) and its picks may be persistent at any K; where its
+    pick is not, the same rule applies (its constants were chosen with the rule in place)."""
     if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
         return None
     tile = tile_of(s)
-    if tile not in PERSISTENT_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
+    if tile not in TWIN_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
             or not persistent_offered(p, tile, device):
         return None
     return schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
@@ -273,14 +304,24 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
              prm: WgmmaCost | None = None) -> float:
     """Seconds for one call: one block per multiprocessor at a time (the tiles fill its shared
-    memory), each at the tile's share of the dense fp16 rate; or the DRAM bytes, whichever is
-    larger; plus the NHWC copy and the split-K reduction."""
+    memory), each at the tile's share of the dense fp16 rate (TF32: of the dense TF32 rate, with
+    its own constants); or the operands' L2 traffic or the DRAM bytes, whichever is larger; plus
+    the NHWC copy and the split-K reduction."""
     prm = prm or COST
     bm, bn, stages, producer = tile_of(s)
     peak_sm = 4096 * 1.83e9
     tile = (bm, bn, stages, producer)
-    share = prm.persistent_rate.get(tile, 0.3) if is_persistent(s) else prm.tile_rate.get(tile, 0.4)
-    rate = peak_sm * share / (prm.tf32_math if p.dtype == "float32" else 1)
+    tf32_own = p.dtype == "float32" and p.layout == "nhwc"
+    if tf32_own:                      # TF32 on NHWC: its own rates (of the dense TF32 rate), overheads, L2
+        rates = prm.tf32_persistent_rate if is_persistent(s) else prm.tf32_rate
+        rate = peak_sm / 2 * min(1.0, rates.get(tile, UNRATED_TF32))
+        overhead = prm.tf32_persistent_overhead_k if is_persistent(s) else prm.tf32_overhead_k
+        l2 = prm.tf32_l2_bytes_per_s
+    else:
+        share = prm.persistent_rate.get(tile, 0.3) if is_persistent(s) else prm.tile_rate.get(tile, 0.4)
+        rate = peak_sm * share / (prm.tf32_math if p.dtype == "float32" else 1)
+        overhead = prm.overhead_k * 2 / p.itemsize    # overhead_k is in 16-bit K elements (bytes per row)
+        l2 = prm.l2_bytes_per_s
     bk = bk_of(p)
     splits, per = splits_of(p, s)
     if is_nchw_1x1(s):        # tiles of output channels x pixels of one image
@@ -295,9 +336,12 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         resident = max(1, min(device.shared_per_multiprocessor // shared_bytes(bm, bn, stages),
                               device.registers_per_multiprocessor // (threads * regs)))
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
-    # overhead_k is in 16-bit K elements (bytes per row).
-    compute = waves * 2.0 * bm * bn * (per * bk + prm.overhead_k * 2 / p.itemsize) / rate
-    operands = blocks * (bm + bn) * per * bk * p.itemsize / prm.l2_bytes_per_s
+    compute = waves * 2.0 * bm * bn * (per * bk + overhead) / rate
+    if tf32_own:               # rows past the problem's pixels or channels are zero-filled, not read
+        rows = (p.pixels * ceil_div(p.cout_g, bn) + p.cout_g * ceil_div(p.pixels, bm)) * p.groups * splits
+    else:
+        rows = blocks * (bm + bn)
+    operands = rows * per * bk * p.itemsize / l2
     compute = max(compute, operands)
     isz = p.itemsize
     cs, _ = channels(p)
