@@ -1,15 +1,26 @@
 """Attention decoding on a GPU: the scheduler's pick and any fused_mma schedules given against SDPA on
-the same tensors (graph replay), each checked against float64 first, with the K / V bytes per
-second; for Llama-3 B=16 also torch's own read-only reduction and copy over the same bytes (what
-"memory-bound" can reach). The sweeps behind the decode rules of `attention_mma.decode_splits`.
+the same tensors (graph replay), each checked against float64 first (output NaN-poisoned), with the
+K / V bytes per second; for Llama-3 B=16 also torch's own read-only reduction and copy over the same
+bytes (what "memory-bound" can reach). The sweeps behind the decode rules of
+`attention_mma.decode_splits` and `attention_mma.tma_decode`.
 
-    python3 scripts/device_decode_probe.py [--problem llama|llama_b1|llama_b2|llama_b4|falcon] [SCHEDULE ...]
+    python3 scripts/device_decode_probe.py [--problem NAME ...] [--dtype float16 ...] [--sweep NAME]
+                                           [--json FILE] [SCHEDULE ...]
+    NAME: llama (B=16), llama_b1, llama_b2, llama_b4, falcon
     SCHEDULE: fused_mma parameters, e.g. warps=4,key_warps=4,block_k=64,splits=1,prefetch=256
-    (pack=True and row_groups=1 are added); --once runs the pick and SDPA three times (for ncu).
+    (pack=True and row_groups=1 are added); --sweep tma runs the built-in list of TMA ring / cluster
+    schedules per problem (SWEEPS) after the given ones; --once runs the pick and SDPA three times (for ncu).
+    The pick and SDPA are timed first and again last (their spread is the run's noise).
+    --sanitize runs compute-sanitizer memcheck and racecheck over --sanitize-case (small cases of each
+    decode kernel variant: the TMA ring, split + merge kernel, cluster merges, views off alignment).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import time
 
 import torch
 
@@ -23,52 +34,176 @@ PROBLEMS = {"llama": ((16, 32, 1, 128), (16, 8, 4096, 128)), "llama_b1": ((1, 32
             "llama_b2": ((2, 32, 1, 128), (2, 8, 4096, 128)), "llama_b4": ((4, 32, 1, 128), (4, 8, 4096, 128)),
             "falcon": ((16, 71, 1, 64), (16, 1, 2048, 64))}
 
+_R4 = "warps=4,key_warps=4,block_k=64,tma=1"       # 4 warps, each 16 keys of a 64-key tile
+_R8 = "warps=8,key_warps=8,block_k=128,tma=1"      # 8 warps, 128-key tiles
+_F = "warps=8,key_warps=4,block_k=64"              # Falcon: 2 row warps (32 of the 71 packed rows) x 4 key warps
+SWEEPS = {"tma": {
+    "llama": [f"{_R4},stages={s}" for s in (2, 3, 4, 6)] + [f"{_R8},stages={s}" for s in (2, 3)]
+             + ["warps=4,key_warps=4,block_k=128,tma=1,stages=3", "warps=2,key_warps=2,block_k=32,tma=1,stages=8",
+                f"{_R4},stages=3,splits=2,cluster=1"],
+    "llama_b1": [f"{_R4},stages=4,splits=16", f"{_R4},stages=4,splits=16,cluster=1", f"{_R4},stages=2,splits=16,cluster=1", f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=6,splits=8,cluster=1",
+                 f"{_R8},stages=3,splits=8,cluster=1", "warps=4,key_warps=4,block_k=64,splits=8,cluster=1,prefetch=256",
+                 f"{_R4},stages=2,splits=32"],
+    "llama_b2": [f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=2,splits=16,cluster=1", f"{_R4},stages=2,splits=16", f"{_R4},stages=4,splits=8",
+                 f"{_R4},stages=6,splits=4,cluster=1", f"{_R8},stages=3,splits=8,cluster=1",
+                 "warps=4,key_warps=4,block_k=64,splits=8,cluster=1,prefetch=256"],
+    "llama_b4": [f"{_R4},stages=4,splits=4,cluster=1", f"{_R4},stages=6,splits=4,cluster=1",
+                 f"{_R4},stages=3,splits=8,cluster=1", f"{_R4},stages=3,splits=8", f"{_R4},stages=2,splits=8,cluster=1",
+                 "warps=4,key_warps=4,block_k=64,splits=4,cluster=1,prefetch=256"],
+    "falcon": [f"{_F},tma=1,stages=2,splits=8", f"{_F},tma=1,stages=4,splits=8", f"{_F},tma=1,stages=4,splits=8,cluster=1",
+               f"{_F},splits=8,cluster=1", f"{_F},tma=1,stages=4,splits=4,cluster=1"],
+}}
+
 
 def parse(spec: str) -> Schedule:
     kw = {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
     return Schedule.make("fused_mma", pack=True, row_groups=1, **kw)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problem", choices=sorted(PROBLEMS), default="llama")
-    ap.add_argument("--once", action="store_true")
-    ap.add_argument("schedules", nargs="*")
-    args = ap.parse_args()
-    qs, ks = PROBLEMS[args.problem]
+def probe(name: str, dtype: str, specs: list[str], timer: Timer, once: bool, rows: list[dict]) -> None:
+    qs, ks = PROBLEMS[name]
+    tdt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(s, device="cuda", dtype=torch.float16, generator=g) for s in (qs, ks, ks))
+    q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, ks, ks))
     out = torch.empty_like(q)
     sdpa = sdpa_call(torch, q, k, v, False)
-    if args.once:
+    if once:
         for _ in range(3):
             jitops.attention(q, k, v, out=out)
             sdpa()
         torch.cuda.synchronize()
         return
     op = get_op("attention")
-    specs = {n: TensorSpec(tuple(t.shape), "float16") for n, t in (("q", q), ("k", k), ("v", v))}
-    pick = op.heuristic(op.make_problem({**specs, "mask": None}, {"causal": False}), jitops.get_backend().device)
-    timer = Timer(torch)
+    tspecs = {n: TensorSpec(tuple(t.shape), dtype) for n, t in (("q", q), ("k", k), ("v", v))}
+    problem = op.make_problem({**tspecs, "mask": None}, {"causal": False})
+    pick = op.heuristic(problem, jitops.get_backend().device)
     ref = torch_reference(torch, q, k, v, False)
     kv_bytes = 2 * k.numel() * k.element_size()
 
-    def show(name: str, us: float) -> None:
-        print(f"{name:100} {us:8.1f} us  {kv_bytes / us * 1e-6:5.2f} TB/s", flush=True)
+    def show(label: str, us: float | None, err: float | None = None, ok: bool = True, **extra) -> None:
+        rows.append({"problem": name, "dtype": dtype, "schedule": label, "us": us, "err": err, "ok": ok,
+                     "tb_s": kv_bytes / us * 1e-6 if us else None, **extra})
+        text = "FAILED" if us is None else f"{us:8.1f} us  {kv_bytes / us * 1e-6:5.2f} TB/s"
+        print(f"{name:8} {dtype:8} {label:96} {text}{'' if ok else '  WRONG'}", flush=True)
 
-    for sched in [None] + [parse(s) for s in args.schedules]:
-        out.fill_(float("nan"))
-        jitops.attention(q, k, v, out=out, schedule=sched)
-        err = float((out.double() - ref).abs().max() / ref.abs().max())
-        ok = err <= op.tolerance(op.make_problem({**specs, "mask": None}, {}), sched or pick)[0]
-        label = f"{'pick ' if sched is None else ''}{sched or pick} err {err:.1e}{'' if ok else ' WRONG'}"
-        show(label, timer.graph_us(lambda: jitops.attention(q, k, v, out=out, schedule=sched), n=20))
-    show("SDPA", timer.graph_us(sdpa, n=20))
-    if args.problem == "llama":
+    def run(sched: Schedule | None, label: str) -> None:
+        try:
+            out.fill_(float("nan"))
+            jitops.attention(q, k, v, out=out, schedule=sched)
+            torch.cuda.synchronize()
+            err = float((out.double() - ref).abs().max() / ref.abs().max())
+            ok = bool(err <= op.tolerance(problem, sched or pick)[0] and not torch.isnan(out).any())
+            us = timer.graph_us(lambda: jitops.attention(q, k, v, out=out, schedule=sched), n=20) if ok else None
+            show(f"{label} err {err:.1e}", us, err, ok)
+        except Exception as exc:       # a schedule that does not fit or compile: say so, go on
+            show(f"{label} {type(exc).__name__}: {str(exc)[:120]}", None, None, False)
+
+    sdpa_us = [timer.graph_us(sdpa, n=20)]
+    show("SDPA", sdpa_us[0])
+    run(None, f"pick {pick}")
+    for spec in specs:
+        run(parse(spec), str(parse(spec)))
+    run(None, f"pick (again) {pick}")
+    sdpa_us.append(timer.graph_us(sdpa, n=20))
+    show("SDPA (again)", sdpa_us[1])
+    if name == "llama" and dtype == "float16":
         kv = torch.cat([k.reshape(-1), v.reshape(-1)])
         show("torch.sum over K and V (read only)", timer.graph_us(lambda: kv.sum(dtype=torch.float32), n=20))
         dst = torch.empty_like(kv)
         show("copy of K and V (TB/s of the bytes read; twice that moved)", timer.graph_us(lambda: dst.copy_(kv), n=20))
+    del ref
+    torch.cuda.empty_cache()
+
+
+def sanitize_case() -> None:
+    """Small cases of every new decode path, each checked against float64 (exit status 1 if one is wrong)."""
+    op = get_op("attention")
+
+    def sch(**kw):
+        return Schedule.make("fused_mma", pack=True, row_groups=1, **kw)
+    r4 = dict(warps=4, key_warps=4, block_k=64)
+    runs = [((2, 8, 1, 128), (2, 2, 700, 128), "float16", False, sch(**r4, tma=1, stages=3), False),
+            ((2, 8, 1, 72), (2, 2, 600, 72), "bfloat16", "bottom_right", sch(**r4, tma=1, stages=2, splits=3), False),
+            ((2, 8, 1, 128), (2, 2, 900, 128), "float16", False, sch(**r4, tma=1, stages=4, splits=4, cluster=1), False),
+            ((2, 16, 2, 64), (2, 1, 500, 64), "bfloat16", "bottom_right",
+             sch(warps=8, key_warps=4, block_k=64, splits=3, cluster=1), False),
+            ((2, 8, 1, 128), (2, 2, 700, 128), "float16", False, sch(**r4, tma=1, stages=3, splits=2, cluster=1), True),
+            ((1, 4, 1, 64), (1, 1, 1000, 64), "float16", False,
+             sch(warps=8, key_warps=8, block_k=128, tma=1, stages=2), False)]
+    bad = 0
+    for q_shape, kv_shape, dtype, causal, sched, unaligned in runs:
+        tdt = getattr(torch, dtype)
+        q, k, v = (torch.randn(s, device="cuda", dtype=tdt) for s in (q_shape, kv_shape, kv_shape))
+        if unaligned:     # the same values 2 bytes off 16-byte alignment: no tensor map, plain stores
+            q, k, v = (torch.cat([t.new_zeros(1), t.reshape(-1)])[1:].view(t.shape) for t in (q, k, v))
+        out = torch.full_like(q, float("nan"))
+        jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+        torch.cuda.synchronize()
+        kk = k.double().repeat_interleave(q_shape[1] // kv_shape[1], 1)
+        vv = v.double().repeat_interleave(q_shape[1] // kv_shape[1], 1)
+        s = q.double() @ kk.transpose(-1, -2) / q_shape[-1] ** 0.5
+        if causal:
+            i = torch.arange(q_shape[2], device="cuda")[:, None]
+            j = torch.arange(kv_shape[2], device="cuda")[None, :]
+            s = s.masked_fill(j > i + kv_shape[2] - q_shape[2], float("-inf"))
+        ref = torch.softmax(s, -1) @ vv
+        p = op.make_problem({"q": TensorSpec(q_shape, dtype), "k": TensorSpec(kv_shape, dtype),
+                             "v": TensorSpec(kv_shape, dtype), "mask": None}, {"causal": causal})
+        err = float((out.double() - ref).abs().max() / ref.abs().max())
+        ok = err <= op.tolerance(p, sched)[0] and not torch.isnan(out).any()
+        bad += not ok
+        print(f"sanitize case {q_shape} {kv_shape} {dtype} causal={causal} {sched}{' unaligned' if unaligned else ''}: "
+              f"err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    sys.exit(1 if bad else 0)
+
+
+def sanitize(out_dir: str | None) -> dict:
+    results = {}
+    for tool in ("memcheck", "racecheck"):
+        t0 = time.time()
+        proc = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
+                               __file__, "--sanitize-case"], capture_output=True, text=True, timeout=240)
+        text = proc.stdout + proc.stderr
+        summary = [line for line in text.splitlines() if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line
+                   or "sanitize case" in line]
+        results[tool] = {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "summary": summary}
+        print(f"compute-sanitizer {tool}: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
+        for line in summary:
+            print("   ", line, flush=True)
+        if proc.returncode and out_dir:
+            with open(f"{out_dir}/sanitizer_{tool}.txt", "w") as f:
+                f.write(text[-20000:])
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problem", nargs="+", choices=sorted(PROBLEMS), default=["llama"])
+    ap.add_argument("--dtype", nargs="+", choices=("float16", "bfloat16"), default=["float16"])
+    ap.add_argument("--sweep", choices=sorted(SWEEPS))
+    ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--once", action="store_true")
+    ap.add_argument("--sanitize", metavar="DIR", nargs="?", const="", help="memcheck / racecheck (logs of failures to DIR)")
+    ap.add_argument("--sanitize-case", action="store_true")
+    ap.add_argument("schedules", nargs="*")
+    args = ap.parse_args()
+    if args.sanitize_case:
+        sanitize_case()
+    if args.sanitize is not None:
+        sanitize(args.sanitize or None)
+        return
+    timer = Timer(torch)
+    rows: list[dict] = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
+    for dtype in args.dtype:
+        for name in args.problem:
+            specs = list(args.schedules) + (SWEEPS[args.sweep].get(name, []) if args.sweep else [])
+            probe(name, dtype, specs, timer, args.once, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,14 @@ import math
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_problem import AttentionProblem
-from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div
+from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div
 
 MMA_DTYPES = ("float16", "bfloat16")
 TEMPLATE = "attention/fused_mma.hip.j2"
 MERGE_TEMPLATE = "attention/split_merge.hip.j2"
 MERGE_BLOCK = 256
 MAX_SPLITS = 128
+MAX_CLUSTER = 16        # blocks per cluster: 8 portable, 16 on the H100 (the backend allows it per kernel)
 # (warps, row groups per warp, Q fragments in registers or None: by D) to try, preferred first on
 # equal cost. H200 (2026-11-22, D=64): 8 warps x 1 group beat 4 x 2 by 10 to 12% on B=256 S=128 and
 # B=8 H=16 S=2048 (16 warps per multiprocessor at 119 registers hide latency better than 8 warps at
@@ -49,14 +50,26 @@ def q_in_registers(d: int) -> bool:
 
 
 def shared_bytes(d: int, block_q: int, block_k: int, key_warps: int = 1, split: bool = False,
-                 stages: int = 2, elem: int = 2) -> int:
+                 stages: int = 2, elem: int = 2, tma: bool = False, cluster: bool = False) -> int:
     """Q tile plus `stages` buffers of K and V tiles (rows padded by 8 elements); the merge
-    epilogue reuses that space for fp32 per-warp states and may need more."""
+    epilogue reuses that space for fp32 per-warp states and may need more. tma: K / V slots of
+    ceil(DP/64) blocks of block_k rows x 128 bytes (the 128-byte swizzle), 1024-byte aligned (1 KiB
+    of slack), and the slots' mbarriers (static, 8 bytes each, counted here). cluster: the split's
+    fp32 partial and log-sum-exp after the per-warp states, read by the other blocks of the cluster."""
     dp = padded_dim(d)
-    main = elem * (dp + 8) * (block_q + 2 * stages * block_k)
+    if tma:
+        main = elem * (dp + 8) * block_q + 1024 + 2 * stages * ceil_div(dp, 64) * block_k * 128 + 8 * stages
+    else:
+        main = elem * (dp + 8) * (block_q + 2 * stages * block_k)
     if key_warps == 1 and not split:
         return main
-    return max(main, 4 * key_warps * block_q * (dp + 4 + 2))
+    merge = 4 * key_warps * block_q * (dp + 4 + 2) + (4 * block_q * (d + 1) if cluster else 0)
+    return max(main, merge)
+
+
+def sm90(device: DeviceInfo) -> bool:
+    """TMA (cp.async.bulk.tensor) and thread-block clusters: NVIDIA compute capability 9.0."""
+    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
 
 
 def _registers(d: int, groups: int, block_k: int, key_warps: int, q_regs: bool) -> int:
@@ -229,6 +242,17 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     stages = int(schedule.get("stages", 2))
     pack = bool(schedule.get("pack", False)) and p.group > 1
     prefetch = int(schedule.get("prefetch", 0))
+    tma = bool(int(schedule.get("tma", 0)))
+    cluster = bool(int(schedule.get("cluster", 0)))
+    if tma and not (sm90(device) or device.backend == "cpu"):
+        raise ScheduleError(f"attention fused_mma: tma=1 (K / V by Hopper bulk copies) needs an sm_90 device, "
+                            f"not {device.name} ({device.arch}); the CPU emulator runs its tiles with plain loads")
+    if tma and (p.d % 8 or prefetch):
+        raise ScheduleError(f"attention fused_mma: tma=1 needs D a multiple of 8 (16-byte rows; D={p.d}) and "
+                            f"no cp.async prefetch (prefetch={prefetch})")
+    if cluster and not sm90(device):
+        raise ScheduleError(f"attention fused_mma: cluster=1 (split-KV merged through distributed shared memory) "
+                            f"needs an sm_90 device, not {device.name} ({device.arch})")
     if prefetch not in (0, 64, 128, 256):
         raise ScheduleError(f"attention fused_mma: prefetch={prefetch} must be 0, 64, 128 or 256 (bytes of L2 prefetch)")
     if (bk % 16 or bk <= 0 or warps <= 0 or groups <= 0 or key_warps <= 0 or warps % key_warps
@@ -237,17 +261,21 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
                             f"divide among key_warps={key_warps}, which must divide warps={warps}")
     threads = warps * device.warp_size
     block_q = 16 * groups * (warps // key_warps)
-    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1, stages)
-    if threads > device.max_threads_per_block:
-        raise ScheduleError(f"attention fused_mma: {threads} threads per block exceed {device.name}'s limit")
-    if smem > device.shared_per_block_optin:
-        raise ScheduleError(f"attention fused_mma: {smem} bytes of shared memory exceed "
-                            f"{device.shared_per_block_optin} on {device.name}")
     rows = (p.group if pack else 1) * p.sq
     sets = p.batch * p.heads // (p.group if pack else 1)
     q_tiles = ceil_div(rows, block_q)
     chunk = ceil_div(ceil_div(max(p.sk, 1), splits), bk) * bk
     splits = ceil_div(max(p.sk, 1), chunk) if splits > 1 else 1     # no empty splits
+    if cluster and splits > MAX_CLUSTER:
+        raise ScheduleError(f"attention fused_mma: cluster=1 merges at most {MAX_CLUSTER} splits (one thread-block "
+                            f"cluster), not {splits}")
+    cluster = cluster and splits > 1
+    smem = shared_bytes(p.d, block_q, bk, key_warps, splits > 1, stages, tma=tma, cluster=cluster)
+    if threads > device.max_threads_per_block:
+        raise ScheduleError(f"attention fused_mma: {threads} threads per block exceed {device.name}'s limit")
+    if smem > device.shared_per_block_optin:
+        raise ScheduleError(f"attention fused_mma: {smem} bytes of shared memory exceed "
+                            f"{device.shared_per_block_optin} on {device.name}")
     blocks = sets * q_tiles * splits
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_mma: {blocks} blocks exceed the grid limit")
@@ -255,17 +283,22 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
               "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
               "packed": pack, "split": splits > 1, "stages": stages,
-              "l2_prefetch": prefetch}
+              "l2_prefetch": prefetch, "tma": tma, "tma_maps": tma and device.backend == "cuda",
+              "cluster": splits if cluster else 0}
     total_rows = p.batch * p.heads * p.sq
     ikind = "i32" if idx == "int" else "i64"
-    if splits > 1:
+    if cluster:
+        dest: tuple = (Buf("out"), Scalar("i32", chunk))
+    elif splits > 1:
         dest = (Buf("opart"), Buf("lse"), Scalar("i32", splits), Scalar("i32", chunk), Scalar(ikind, total_rows))
     else:
         dest = (Buf("out"),)
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, *dest, *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
+    if params["tma_maps"]:    # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
+        args += tuple(TensorMap(n, p.dtype, (p.d, p.sk, p.batch * p.kv_heads), (64, bk, 1)) for n in ("k", "v"))
     launch = Launch.make(TEMPLATE, "attention_fused_mma", params, (blocks,), (threads,), args, smem)
-    if splits == 1:
+    if splits == 1 or cluster:
         return Plan(launches=(launch,))
     n = total_rows * p.d
     merge = Launch.make(MERGE_TEMPLATE, "attention_merge",
