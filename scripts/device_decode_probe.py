@@ -13,6 +13,8 @@ bytes (what "memory-bound" can reach). The sweeps behind the decode rules of
     The pick and SDPA are timed first and again last (their spread is the run's noise).
     --sanitize runs compute-sanitizer memcheck and racecheck over --sanitize-case (small cases of each
     decode kernel variant: the TMA ring, split + merge kernel, cluster merges, views off alignment).
+    --final ROUNDS: the pick, the cp.async pick (the scheduler with TMA decoding off: `baseline`) and
+    SDPA, taking turns ROUNDS times (medians reported), instead of the sweep.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from jitops.ops.base import Schedule, TensorSpec
 
 PROBLEMS = {"llama": ((16, 32, 1, 128), (16, 8, 4096, 128)), "llama_b1": ((1, 32, 1, 128), (1, 8, 4096, 128)),
             "llama_b2": ((2, 32, 1, 128), (2, 8, 4096, 128)), "llama_b4": ((4, 32, 1, 128), (4, 8, 4096, 128)),
-            "falcon": ((16, 71, 1, 64), (16, 1, 2048, 64))}
+            "llama_b8": ((8, 32, 1, 128), (8, 8, 4096, 128)), "falcon": ((16, 71, 1, 64), (16, 1, 2048, 64))}
 
 _R4 = "warps=4,key_warps=4,block_k=64,tma=1"       # 4 warps, each 16 keys of a 64-key tile
 _R8 = "warps=8,key_warps=8,block_k=128,tma=1"      # 8 warps, 128-key tiles
@@ -52,12 +54,82 @@ SWEEPS = {"tma": {
                  "warps=4,key_warps=4,block_k=64,splits=4,cluster=1,prefetch=256"],
     "falcon": [f"{_F},tma=1,stages=2,splits=8", f"{_F},tma=1,stages=4,splits=8", f"{_F},tma=1,stages=4,splits=8,cluster=1",
                f"{_F},splits=8,cluster=1", f"{_F},tma=1,stages=4,splits=4,cluster=1"],
+}, "tma2": {      # the second round (2026-11-26): around the first round's best of each problem
+    "llama": [f"{_R4},stages=2", f"{_R8},stages=2", f"{_R4},stages=2", f"{_R8},stages=2"],
+    "llama_b1": [f"{_R8},stages=3,splits=8,cluster=1", f"{_R8},stages=2,splits=8,cluster=1",
+                 "warps=4,key_warps=4,block_k=128,tma=1,stages=3,splits=8,cluster=1", f"{_R8},stages=2,splits=16",
+                 f"{_R4},stages=3,splits=16,cluster=1", f"{_R4},stages=2,splits=8,cluster=1"],
+    "llama_b2": [f"{_R4},stages=3,splits=8,cluster=1", f"{_R4},stages=2,splits=8,cluster=1", f"{_R4},stages=4,splits=8",
+                 f"{_R8},stages=2,splits=8", f"{_R8},stages=2,splits=4,cluster=1", f"{_R4},stages=2,splits=16,cluster=1",
+                 f"{_R4},stages=3,splits=16"],
+    "llama_b4": [f"{_R4},stages=2,splits=8,cluster=1", f"{_R4},stages=3,splits=4,cluster=1", f"{_R4},stages=2,splits=4,cluster=1",
+                 f"{_R8},stages=2,splits=4", f"{_R4},stages=3,splits=8", f"{_R4},stages=4,splits=4",
+                 f"{_R4},stages=2,splits=6,cluster=1"],
+    "falcon": [f"{_F},tma=1,stages=2,splits=8", f"{_F},tma=1,stages=2,splits=4", f"{_F},tma=1,stages=3,splits=8",
+               f"{_F},tma=1,stages=2,splits=12", f"{_F},tma=1,stages=2,splits=6,cluster=1"],
+}, "b8": {        # Llama-3 B=8 (64 kv heads), between the measured rules
+    "llama_b8": [f"{_R4},stages=2", f"{_R8},stages=2,splits=2", f"{_R8},stages=2,splits=4", f"{_R4},stages=2,splits=2,cluster=1",
+                 f"{_R4},stages=2,splits=4,cluster=1", f"{_R4},stages=3,splits=2"],
 }}
 
 
 def parse(spec: str) -> Schedule:
     kw = {k: int(v) for k, v in (item.split("=") for item in spec.split(","))}
     return Schedule.make("fused_mma", pack=True, row_groups=1, **kw)
+
+
+def baseline(problem, device) -> Schedule:
+    """The scheduler's pick as it was before TMA decoding (the cp.async ring and decode_splits): the same
+    device with the TMA decode rule switched off."""
+    from jitops.ops import attention_mma
+    saved = attention_mma.tma_decode_applies
+    attention_mma.tma_decode_applies = lambda p, d: False
+    try:
+        return get_op("attention").heuristic(problem, device)
+    finally:
+        attention_mma.tma_decode_applies = saved
+
+
+def final(name: str, dtype: str, rounds: int, timer: Timer, rows: list[dict]) -> None:
+    """The pick against the cp.async pick and SDPA, taking turns, each output checked first."""
+    import statistics
+    qs, ks = PROBLEMS[name]
+    tdt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, ks, ks))
+    out = torch.empty_like(q)
+    op = get_op("attention")
+    tspecs = {n: TensorSpec(tuple(t.shape), dtype) for n, t in (("q", q), ("k", k), ("v", v))}
+    problem = op.make_problem({**tspecs, "mask": None}, {"causal": False})
+    device = jitops.get_backend().device
+    pick, old = op.heuristic(problem, device), baseline(problem, device)
+    ref = torch_reference(torch, q, k, v, False)
+    errs = {}
+    for label, sched in (("pick", pick), ("cp.async pick", old)):
+        out.fill_(float("nan"))
+        jitops.attention(q, k, v, out=out, schedule=sched)
+        torch.cuda.synchronize()
+        err = float((out.double() - ref).abs().max() / ref.abs().max())
+        assert err <= op.tolerance(problem, sched)[0] and not torch.isnan(out).any(), (name, dtype, label, err)
+        errs[label] = err
+    calls = {"SDPA": sdpa_call(torch, q, k, v, False),
+             "pick": lambda: jitops.attention(q, k, v, out=out, schedule=pick),
+             "cp.async pick": lambda: jitops.attention(q, k, v, out=out, schedule=old)}
+    times: dict[str, list[float]] = {n: [] for n in calls}
+    for _ in range(rounds):
+        for n, fn in calls.items():
+            times[n].append(timer.graph_us(fn, n=20))
+    med = {n: statistics.median(t) for n, t in times.items()}
+    kv_bytes = 2 * k.numel() * k.element_size()
+    rows.append({"problem": name, "dtype": dtype, "pick": str(pick), "why": pick.why, "baseline": str(old),
+                 "errors": errs, "us": times, "median_us": med, "pick_tb_s": kv_bytes / med["pick"] * 1e-6,
+                 "ratio": med["SDPA"] / med["pick"], "ratio_before": med["SDPA"] / med["cp.async pick"]})
+    print(f"{name:8} {dtype:8} pick {med['pick']:6.1f} us ({min(times['pick']):6.1f}-{max(times['pick']):6.1f})  "
+          f"cp.async pick {med['cp.async pick']:6.1f}  SDPA {med['SDPA']:6.1f} ({min(times['SDPA']):6.1f}-"
+          f"{max(times['SDPA']):6.1f})  ratio {med['SDPA'] / med['pick']:4.2f} (was {med['SDPA'] / med['cp.async pick']:4.2f})"
+          f"  {kv_bytes / med['pick'] * 1e-6:4.2f} TB/s  err {errs['pick']:.1e}  {pick}", flush=True)
+    del ref
+    torch.cuda.empty_cache()
 
 
 def probe(name: str, dtype: str, specs: list[str], timer: Timer, once: bool, rows: list[dict]) -> None:
@@ -129,7 +201,9 @@ def sanitize_case() -> None:
              sch(warps=8, key_warps=4, block_k=64, splits=3, cluster=1), False),
             ((2, 8, 1, 128), (2, 2, 700, 128), "float16", False, sch(**r4, tma=1, stages=3, splits=2, cluster=1), True),
             ((1, 4, 1, 64), (1, 1, 1000, 64), "float16", False,
-             sch(warps=8, key_warps=8, block_k=128, tma=1, stages=2), False)]
+             sch(warps=8, key_warps=8, block_k=128, tma=1, stages=2), False),
+            ((1, 8, 1, 128), (1, 2, 2000, 128), "bfloat16", False,          # the B=1 pick's shape: 8 splits in a cluster
+             sch(warps=8, key_warps=8, block_k=128, tma=1, stages=2, splits=8, cluster=1), False)]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched, unaligned in runs:
         tdt = getattr(torch, dtype)
@@ -185,6 +259,7 @@ def main() -> None:
     ap.add_argument("--once", action="store_true")
     ap.add_argument("--sanitize", metavar="DIR", nargs="?", const="", help="memcheck / racecheck (logs of failures to DIR)")
     ap.add_argument("--sanitize-case", action="store_true")
+    ap.add_argument("--final", type=int, metavar="ROUNDS", help="pick vs cp.async pick vs SDPA, taking turns")
     ap.add_argument("schedules", nargs="*")
     args = ap.parse_args()
     if args.sanitize_case:
@@ -198,6 +273,9 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
     for dtype in args.dtype:
         for name in args.problem:
+            if args.final:
+                final(name, dtype, args.final, timer, rows)
+                continue
             specs = list(args.schedules) + (SWEEPS[args.sweep].get(name, []) if args.sweep else [])
             probe(name, dtype, specs, timer, args.once, rows)
     if args.json:

@@ -207,7 +207,8 @@ def test_decode_split_kv(dtype, heads, kv_heads):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_unsplit_streams_with_l2_prefetch(dtype):
     """Decoding whose kv heads fill the device: one block per kv head streams all its keys (no split,
-    no merge) with 256-byte L2 prefetches, on the scheduler's pick; partial last tile, GQA 4:1 and MHA."""
+    no merge) with 256-byte L2 prefetches (on sm_90: TMA into a ring of 2 tiles), on the scheduler's
+    pick; partial last tile, GQA 4:1 and MHA."""
     sms = jitops.get_backend().device.multiprocessors
     for heads, kv_heads in ((32, 8), (8, 8)):
         batch = -(-sms // kv_heads)                                  # at least one kv head per SM
@@ -217,7 +218,8 @@ def test_decode_unsplit_streams_with_l2_prefetch(dtype):
         op = get_op("attention")
         pick = op.heuristic(op.make_problem({**specs, "mask": None}, {}), jitops.get_backend().device)
         if pick.algorithm == "fused_mma":
-            assert pick.get("splits", 1) == 1 and pick["prefetch"] == 256, pick
+            assert pick.get("splits", 1) == 1, pick
+            assert (pick.get("tma") and pick["stages"] == 2) if hopper() else pick["prefetch"] == 256, pick
         check(q, k, v)
         check(q, k, v, causal="bottom_right")
 
