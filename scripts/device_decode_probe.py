@@ -43,10 +43,12 @@ SWEEPS = {"tma": {
     "llama": [f"{_R4},stages={s}" for s in (2, 3, 4, 6)] + [f"{_R8},stages={s}" for s in (2, 3)]
              + ["warps=4,key_warps=4,block_k=128,tma=1,stages=3", "warps=2,key_warps=2,block_k=32,tma=1,stages=8",
                 f"{_R4},stages=3,splits=2,cluster=1"],
-    "llama_b1": [f"{_R4},stages=4,splits=16", f"{_R4},stages=4,splits=16,cluster=1", f"{_R4},stages=2,splits=16,cluster=1", f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=6,splits=8,cluster=1",
+    "llama_b1": [f"{_R4},stages=4,splits=16", f"{_R4},stages=4,splits=16,cluster=1", f"{_R4},stages=2,splits=16,cluster=1",
+                 f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=6,splits=8,cluster=1",
                  f"{_R8},stages=3,splits=8,cluster=1", "warps=4,key_warps=4,block_k=64,splits=8,cluster=1,prefetch=256",
                  f"{_R4},stages=2,splits=32"],
-    "llama_b2": [f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=2,splits=16,cluster=1", f"{_R4},stages=2,splits=16", f"{_R4},stages=4,splits=8",
+    "llama_b2": [f"{_R4},stages=4,splits=8,cluster=1", f"{_R4},stages=2,splits=16,cluster=1", f"{_R4},stages=2,splits=16",
+                 f"{_R4},stages=4,splits=8",
                  f"{_R4},stages=6,splits=4,cluster=1", f"{_R8},stages=3,splits=8,cluster=1",
                  "warps=4,key_warps=4,block_k=64,splits=8,cluster=1,prefetch=256"],
     "llama_b4": [f"{_R4},stages=4,splits=4,cluster=1", f"{_R4},stages=6,splits=4,cluster=1",
@@ -62,13 +64,15 @@ SWEEPS = {"tma": {
     "llama_b2": [f"{_R4},stages=3,splits=8,cluster=1", f"{_R4},stages=2,splits=8,cluster=1", f"{_R4},stages=4,splits=8",
                  f"{_R8},stages=2,splits=8", f"{_R8},stages=2,splits=4,cluster=1", f"{_R4},stages=2,splits=16,cluster=1",
                  f"{_R4},stages=3,splits=16"],
-    "llama_b4": [f"{_R4},stages=2,splits=8,cluster=1", f"{_R4},stages=3,splits=4,cluster=1", f"{_R4},stages=2,splits=4,cluster=1",
+    "llama_b4": [f"{_R4},stages=2,splits=8,cluster=1", f"{_R4},stages=3,splits=4,cluster=1",
+                 f"{_R4},stages=2,splits=4,cluster=1",
                  f"{_R8},stages=2,splits=4", f"{_R4},stages=3,splits=8", f"{_R4},stages=4,splits=4",
                  f"{_R4},stages=2,splits=6,cluster=1"],
     "falcon": [f"{_F},tma=1,stages=2,splits=8", f"{_F},tma=1,stages=2,splits=4", f"{_F},tma=1,stages=3,splits=8",
                f"{_F},tma=1,stages=2,splits=12", f"{_F},tma=1,stages=2,splits=6,cluster=1"],
 }, "b8": {        # Llama-3 B=8 (64 kv heads), between the measured rules
-    "llama_b8": [f"{_R4},stages=2", f"{_R8},stages=2,splits=2", f"{_R8},stages=2,splits=4", f"{_R4},stages=2,splits=2,cluster=1",
+    "llama_b8": [f"{_R4},stages=2", f"{_R8},stages=2,splits=2", f"{_R8},stages=2,splits=4",
+                 f"{_R4},stages=2,splits=2,cluster=1",
                  f"{_R4},stages=2,splits=4,cluster=1", f"{_R4},stages=3,splits=2"],
 }}
 
@@ -126,7 +130,8 @@ def final(name: str, dtype: str, rounds: int, timer: Timer, rows: list[dict]) ->
                  "ratio": med["SDPA"] / med["pick"], "ratio_before": med["SDPA"] / med["cp.async pick"]})
     print(f"{name:8} {dtype:8} pick {med['pick']:6.1f} us ({min(times['pick']):6.1f}-{max(times['pick']):6.1f})  "
           f"cp.async pick {med['cp.async pick']:6.1f}  SDPA {med['SDPA']:6.1f} ({min(times['SDPA']):6.1f}-"
-          f"{max(times['SDPA']):6.1f})  ratio {med['SDPA'] / med['pick']:4.2f} (was {med['SDPA'] / med['cp.async pick']:4.2f})"
+          f"{max(times['SDPA']):6.1f})  ratio {med['SDPA'] / med['pick']:4.2f} "
+          f"(was {med['SDPA'] / med['cp.async pick']:4.2f})"
           f"  {kv_bytes / med['pick'] * 1e-6:4.2f} TB/s  err {errs['pick']:.1e}  {pick}", flush=True)
     del ref
     torch.cuda.empty_cache()

@@ -346,8 +346,9 @@ def test_scheduler_decoding_and_model_shapes():
     # where TMA does not apply (D not a multiple of 8, D > 128, sm_80) the cp.async rules stay
     assert not pick((1, 32, 1, 256), (1, 8, 4096, 256)).get("tma")
     a100 = KNOWN_TARGETS["sm_80"]
-    old = op.heuristic(op.make_problem({"q": TensorSpec((16, 32, 1, 128), "float16"), "k": TensorSpec((16, 8, 4096, 128), "float16"),
-                                        "v": TensorSpec((16, 8, 4096, 128), "float16"), "mask": None}, {}), a100)
+    kv = TensorSpec((16, 8, 4096, 128), "float16")
+    old = op.heuristic(op.make_problem({"q": TensorSpec((16, 32, 1, 128), "float16"), "k": kv, "v": kv, "mask": None}, {}),
+                       a100)
     assert not old.get("tma") and old["prefetch"] == 256
     prefill = op.heuristic(op.make_problem({"q": TensorSpec((1, 32, 2048, 128), "float16"),
                                             "k": TensorSpec((1, 8, 2048, 128), "float16"),

@@ -9,7 +9,10 @@ to a multiple of 16 inside the kernel), prefill and decoding:
 - grouped-query attention with few queries: the query heads that share a kv head are packed
   into the rows of one tile ("pack"), so K/V are read once per group;
 - split-KV ("splits"): too few blocks to fill the device -> the keys are split across blocks,
-  each writes a partial output and its log-sum-exp, attention_merge combines them.
+  each writes a partial output and its log-sum-exp, attention_merge combines them;
+- sm_90 decoding (tma_decode): K/V tiles by TMA into a swizzled ring ("tma", "stages"), and the
+  splits of a row tile as one thread-block cluster merged in distributed shared memory ("cluster")
+  instead of the merge kernel where the clusters fit.
 """
 from __future__ import annotations
 
@@ -307,7 +310,8 @@ def _tma_decode_candidates(p: AttentionProblem, device: DeviceInfo, h: Schedule)
     rows = (p.group if h.get("pack") else 1) * p.sq
     row_warps = 1 if rows <= 16 else 2
     s = int(h.get("splits", 1))
-    out = [Schedule.make("fused_mma", **{**dict(h.params), "stages": 5 - int(h["stages"])})] if int(h["stages"]) in (2, 3) else []
+    other_ring = {2: 3, 3: 2}.get(int(h["stages"]))
+    out = [Schedule.make("fused_mma", **{**dict(h.params), "stages": other_ring})] if other_ring else []
     base = {k: v for k, v in h.params if k not in ("warps", "key_warps", "block_k", "stages", "splits", "cluster")}
     for bk in (64, 128):
         kw = bk // 16 if row_warps == 1 else 4
