@@ -245,6 +245,20 @@ def test_deeper_copy_pipelines(mma_emu, rng):
     run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=16, stages=3), causal=True)
 
 
+def test_decode_swizzled_tma_tiles_on_the_emulator(mma_emu, rng):
+    """tma=1 (sm_90: K / V by TMA) keeps its tiles in the 128-byte-swizzled ring layout; the emulator has
+    no tensor maps, so the threads store the same swizzled tiles and the fragment loads follow the swizzle:
+    D = 40 / 72 (partial 64-column blocks), rings of 2 and 3 wrapping, partial last tiles, GQA packing,
+    two query rows, split + merge kernel, bottom-right causal, a mask."""
+    for d, kv_heads, sq, sk, params in ((72, 2, 1, 300, dict(stages=3)), (40, 1, 2, 230, dict(stages=2, splits=3)),
+                                        (64, 2, 1, 100, dict(stages=2))):
+        data = make(rng, (1, 8, sq, d), (1, kv_heads, sk, d), "float16")
+        run_checked(data, Schedule.make("fused_mma", **DECODE, pack=True, tma=1, **params), causal="bottom_right")
+    data = make(rng, (1, 8, 2, 64), (1, 2, 200, 64), "float16", mask_shape=(1, 8, 2, 200))
+    data["mask"][..., :64] = -np.inf
+    run_checked(data, Schedule.make("fused_mma", **DECODE, pack=True, tma=1, stages=2, splits=3), tol=4e-3)
+
+
 def test_causal_sq_not_sk_on_matrix_cores(mma_emu, rng):
     """Causal with Sq != Sk, both diagonals, through the prefill tiles and the split-KV path."""
     data = make(rng, (1, 2, 40, 32), (1, 2, 100, 32), "float16")
@@ -315,15 +329,27 @@ def test_scheduler_decoding_and_model_shapes():
 
     llama = pick((16, 32, 1, 128), (16, 8, 4096, 128))
     assert llama.get("pack") and llama["key_warps"] == 4 and llama["warps"] == 4 and llama.get("splits", 1) == 1
-    assert llama["prefetch"] == 256 and "streams its keys once" in llama.why
-    assert pick((1, 32, 1, 128), (1, 8, 4096, 128))["splits"] == 16      # B=1: 4 tiles per split
-    assert pick((2, 32, 1, 128), (2, 8, 4096, 128))["splits"] == 16      # about two blocks per SM
-    assert pick((4, 32, 1, 128), (4, 8, 4096, 128))["splits"] == 8
+    assert llama["tma"] == 1 and llama["stages"] == 2 and "streams its keys once" in llama.why
+    # one row tile per kv head, few kv heads: 8 warps x 128-key TMA tiles; B=1's 8 splits fit half the SMs
+    # as clusters (merged in distributed shared memory), B=2 / B=4 about one block per SM + the merge kernel
+    b1 = pick((1, 32, 1, 128), (1, 8, 4096, 128))
+    assert (b1["warps"], b1["block_k"], b1["splits"], b1.get("cluster")) == (8, 128, 8, 1) and "cluster" in b1.why
+    for batch, splits in ((2, 8), (4, 4)):
+        sched = pick((batch, 32, 1, 128), (batch, 8, 4096, 128))
+        assert (sched["block_k"], sched["splits"], sched.get("cluster", 0)) == (128, splits, 0), sched
     falcon = pick((16, 71, 1, 64), (16, 1, 2048, 64))
     assert falcon.get("pack") and falcon["warps"] == 8 and falcon["key_warps"] == 4 and falcon["splits"] == 8
+    assert falcon["tma"] == 1 and falcon["stages"] == 3 and not falcon.get("cluster")
     assert "split 8 ways" in falcon.why and "71 query heads" in falcon.why
     mha = pick((16, 32, 1, 128), (16, 32, 4096, 128))          # 512 row sets already fill the device
     assert mha.get("splits", 1) == 1 and not mha.get("pack")
+    # where TMA does not apply (D not a multiple of 8, D > 128, sm_80) the cp.async rules stay
+    assert not pick((1, 32, 1, 256), (1, 8, 4096, 256)).get("tma")
+    a100 = KNOWN_TARGETS["sm_80"]
+    kv = TensorSpec((16, 8, 4096, 128), "float16")
+    old = op.heuristic(op.make_problem({"q": TensorSpec((16, 32, 1, 128), "float16"), "k": kv, "v": kv, "mask": None}, {}),
+                       a100)
+    assert not old.get("tma") and old["prefetch"] == 256
     prefill = op.heuristic(op.make_problem({"q": TensorSpec((1, 32, 2048, 128), "float16"),
                                             "k": TensorSpec((1, 8, 2048, 128), "float16"),
                                             "v": TensorSpec((1, 8, 2048, 128), "float16"), "mask": None},
@@ -493,17 +519,50 @@ def test_wgmma_is_refused_where_it_cannot_run():
 
 
 def test_unsplit_decode_asks_l2_for_256_byte_prefetches():
-    """The Llama-3 decode pick streams each kv head once with cp.async ... .L2::256B (NVRTC, sm_90)."""
+    """The Llama-3 decode pick on sm_80 streams each kv head once with cp.async ... .L2::256B (NVRTC)."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from jitops import engine
     from jitops.runtime import get_backend
-    backend = get_backend(target="sm_90")
+    backend = get_backend(target="sm_80")
     p = _hopper_problem((16, 32, 1, 128), (16, 8, 4096, 128))
     pick = op.heuristic(p, backend.device)
     assert pick.algorithm == "fused_mma" and pick["prefetch"] == 256, pick
     ptx, _ = nvrtc_ptx(engine.kernel_source(backend.device, op.plan(p, pick, backend.device).launches[0]),
-                       b"-arch=sm_90", b"-std=c++17", b"-default-device")
+                       b"-arch=sm_80", b"-std=c++17", b"-default-device")
     assert "cp.async.cg.shared.global.L2::256B" in ptx
+
+
+def test_sm90_decode_pick_uses_tma_and_a_cluster_merge():
+    """Llama-3 B=1 on sm_90 (NVRTC, offline): K / V tiles by cp.async.bulk.tensor completing mbarriers,
+    the splits merged through a cluster (mapa + ld.shared::cluster between two cluster barriers), one
+    launch, no spills."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from jitops import engine
+    from jitops.runtime import get_backend
+    backend = get_backend(target="sm_90")
+    p = _hopper_problem((1, 32, 1, 128), (1, 8, 4096, 128), "bfloat16")
+    plan = op.plan(p, op.heuristic(p, backend.device), backend.device)
+    assert len(plan.launches) == 1 and not plan.workspaces
+    ptx, text = nvrtc_ptx(engine.kernel_source(backend.device, plan.launches[0]), b"-arch=sm_90", b"-std=c++17",
+                          b"-default-device", b"--ptxas-options=-v")
+    assert "cp.async.bulk.tensor.3d" in ptx and "mbarrier.try_wait.parity" in ptx
+    assert ".reqnctapercluster 8, 1, 1" in ptx and "mapa.shared::cluster" in ptx and ptx.count("barrier.cluster.wait") == 2
+    assert "0 bytes spill stores" in text, text
+
+
+def test_tma_and_cluster_schedules_are_refused_where_they_cannot_run(mma_emu):
+    from jitops.device import KNOWN_TARGETS
+    p = _hopper_problem((1, 32, 1, 128), (1, 8, 4096, 128))
+    tma = Schedule.make("fused_mma", **DECODE, pack=True, tma=1)
+    for target in ("sm_80", "gfx90a"):
+        with pytest.raises(ScheduleError, match="sm_90"):
+            op.plan(p, tma, KNOWN_TARGETS[target])
+    with pytest.raises(ScheduleError, match="cluster"):
+        op.plan(p, Schedule.make("fused_mma", **DECODE, pack=True, splits=4, cluster=1), mma_emu.device)
+    with pytest.raises(ScheduleError, match="at most 16 splits"):
+        op.plan(p, Schedule.make("fused_mma", **DECODE, pack=True, splits=32, cluster=1), KNOWN_TARGETS["sm_90"])
+    with pytest.raises(ScheduleError, match="multiple of 8"):
+        op.plan(_hopper_problem((1, 32, 1, 36), (1, 8, 4096, 36)), tma, KNOWN_TARGETS["sm_90"])
 
 
 def test_plain_tma_loop_asks_for_two_blocks_only_where_registers_allow():

@@ -207,7 +207,8 @@ def test_decode_split_kv(dtype, heads, kv_heads):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_unsplit_streams_with_l2_prefetch(dtype):
     """Decoding whose kv heads fill the device: one block per kv head streams all its keys (no split,
-    no merge) with 256-byte L2 prefetches, on the scheduler's pick; partial last tile, GQA 4:1 and MHA."""
+    no merge) with 256-byte L2 prefetches (on sm_90: TMA into a ring of 2 tiles), on the scheduler's
+    pick; partial last tile, GQA 4:1 and MHA."""
     sms = jitops.get_backend().device.multiprocessors
     for heads, kv_heads in ((32, 8), (8, 8)):
         batch = -(-sms // kv_heads)                                  # at least one kv head per SM
@@ -217,7 +218,8 @@ def test_decode_unsplit_streams_with_l2_prefetch(dtype):
         op = get_op("attention")
         pick = op.heuristic(op.make_problem({**specs, "mask": None}, {}), jitops.get_backend().device)
         if pick.algorithm == "fused_mma":
-            assert pick.get("splits", 1) == 1 and pick["prefetch"] == 256, pick
+            assert pick.get("splits", 1) == 1, pick
+            assert (pick.get("tma") and pick["stages"] == 2) if hopper() else pick["prefetch"] == 256, pick
         check(q, k, v)
         check(q, k, v, causal="bottom_right")
 
@@ -359,3 +361,65 @@ def test_wgmma_overlap_pingpong_setmaxnreg(dtype, d):
     for sched in scheds[:2]:
         check(uq, uk, uv, schedule=sched)
         check(uq, uk, uv, causal=True, schedule=sched)
+
+def _decode_case(batch, heads, kv_heads, sq, sk, d, dtype):
+    return (randn(batch, heads, sq, d, dtype=dtype), randn(batch, kv_heads, sk, d, dtype=dtype),
+            randn(batch, kv_heads, sk, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 72, 128])
+def test_decode_tma_ring_and_cluster_merge(dtype, d):
+    """fused_mma decoding on sm_90 with K / V by TMA into a swizzled ring (tma=1: 2, 3 and 6 slots, the
+    ring wrapping several times, a partial last tile, D = 72's partial 64-column block) unsplit, split
+    with the merge kernel, and split over a thread-block cluster merged through distributed shared
+    memory (cluster=1: 2, 4 and 8 splits; also on the cp.async loop): GQA 4:1 and MQA, Sq = 1 and 4,
+    both causal diagonals, a mask hiding whole splits, and views off 16-byte alignment (no map: the
+    threads store the swizzled tiles)."""
+    if not hopper():
+        pytest.skip("TMA and clusters need an sm_90 device")
+    from jitops.ops.base import Schedule
+    op = get_op("attention")
+    base = dict(pack=True, row_groups=1, warps=4, key_warps=4, block_k=64)
+    scheds = [Schedule.make("fused_mma", **base, tma=1, stages=s) for s in (2, 3, 6)]
+    scheds += [Schedule.make("fused_mma", **base, tma=1, stages=3, splits=3),
+               Schedule.make("fused_mma", pack=True, row_groups=1, warps=8, key_warps=8, block_k=128, tma=1, stages=2)]
+    clusters = [Schedule.make("fused_mma", **base, tma=1, stages=4, splits=s, cluster=1) for s in (2, 4, 8)]
+    clusters += [Schedule.make("fused_mma", **base, splits=4, cluster=1)]
+    for heads, kv_heads in ((32, 8), (16, 1)):
+        for sq, sk in ((1, 1000), (4, 333)):
+            q, k, v = _decode_case(2, heads, kv_heads, sq, sk, d, dtype)
+            for sched in scheds + clusters:
+                check(q, k, v, schedule=sched)
+                check(q, k, v, causal="bottom_right", schedule=sched)
+    q, k, v = _decode_case(2, 32, 8, 1, 1000, d, dtype)
+    specs = {n: TensorSpec(tuple(t.shape), str(dtype).split(".")[-1]) for n, t in (("q", q), ("k", k), ("v", v))}
+    for sched in clusters:
+        plan = op.plan(op.make_problem({**specs, "mask": None}, {}), sched, jitops.get_backend().device)
+        assert [launch.kernel for launch in plan.launches] == ["attention_fused_mma"] and not plan.workspaces
+    mask = torch.zeros(2, 32, 1, 1000, device="cuda")
+    mask[..., :600] = float("-inf")             # splits that see no key (log-sum-exp -inf)
+    mask[0, 5] = float("-inf")                  # a query that sees nothing: 0
+    for sched in clusters[:3] + scheds[3:4]:
+        out = check(q, k, v, mask, schedule=sched)
+        assert torch.all(out[0, 5] == 0)
+    uq, uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (q, k, v))
+    assert uk.data_ptr() % 16 and uv.data_ptr() % 16
+    for sched in scheds[1:2] + clusters[1:2]:
+        check(uq, uk, uv, schedule=sched)
+        check(q, uk, v, causal="bottom_right", schedule=sched)
+
+
+def test_decode_tma_repeat_calls_encode_each_pointer():
+    """The TMA decode plan's repeat calls (straight-line path) encode each call's own K / V maps."""
+    if not hopper():
+        pytest.skip("TMA needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    sched = Schedule.make("fused_mma", pack=True, row_groups=1, warps=4, key_warps=4, block_k=64, tma=1, stages=4,
+                          splits=4, cluster=1)
+    for i in range(4):
+        q, k, v = _decode_case(2, 32, 8, 1, 700, 128, torch.float16)
+        out = torch.full_like(q, float("nan")) if i % 2 else None
+        got = jitops.attention(q, k, v, schedule=sched, out=out)
+        err = float((got.double() - reference(q, k, v)).abs().max() / reference(q, k, v).abs().max())
+        assert err <= 2e-3, (i, err)

@@ -18,7 +18,7 @@ import logging
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
+from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma, sm90
 from .attention_problem import AttentionProblem, make_problem
 from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, why_not
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
@@ -359,6 +359,10 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))
+        if sm90(device):
+            # one sm_90 decode representative: K/V by TMA into the swizzled ring, splits merged in a cluster
+            out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
+                                          splits=4, cluster=1, tma=1, stages=3)))
     if why_not(problem("bfloat16", 72), device) is None:
         # one sm_90a representative: bf16, padded D (72 -> 80), GQA, causal with a mask (checked softmax)
         pr = problem("bfloat16", 72, mask=True, causal=True)

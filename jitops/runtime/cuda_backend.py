@@ -226,6 +226,10 @@ class CudaBackend(Backend):
         out = {}
         for k in kernel_names:
             fn = drv.out_ptr("cuModuleGetFunction", module, k.encode())
+            if (self.device.arch.rstrip("a") == "sm_90" and drv.PORTABLE_CLUSTER
+                    < drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["required_cluster_width"], fn)):
+                # a compile-time cluster of more than 8 blocks (__cluster_dims__) launches only once allowed
+                drv.call("cuFuncSetAttribute", fn, drv.FUNC_ATTR["non_portable_cluster_size_allowed"], 1)
             out[k] = Kernel(k, fn, module,
                             static_shared=drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["shared_size_bytes"], fn),
                             registers=drv.out_int("cuFuncGetAttribute", drv.FUNC_ATTR["num_regs"], fn),

@@ -21,7 +21,8 @@ ATTR = {
     "max_threads_per_multiprocessor": 39, "max_registers_per_multiprocessor": 82, "max_shared_per_block_optin": 97,
 }
 FUNC_ATTR = {"max_threads_per_block": 0, "shared_size_bytes": 1, "local_size_bytes": 3, "num_regs": 4,
-             "max_dynamic_shared_size_bytes": 8}
+             "max_dynamic_shared_size_bytes": 8, "required_cluster_width": 11, "non_portable_cluster_size_allowed": 14}
+PORTABLE_CLUSTER = 8          # blocks per cluster every sm_90 part runs; up to 16 on the H100 once allowed
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906   # asked of the legacy stream while another stream captures
 
