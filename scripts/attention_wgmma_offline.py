@@ -5,7 +5,7 @@ pass --nvdisasm PATH); or (--sources DIR) the rendered source and cubin hash of 
 tuner candidate of the model shapes, to check that a template change leaves them byte-identical.
 
     python3 scripts/attention_wgmma_offline.py --shape 8x16x2048x128 \
-        --schedule fused_wgmma:groups=2,block_k=128,stages=3,producer=1,tma=1,regs=1,overlap=1
+        --schedule fused_wgmma:groups=2,block_k=64,tma=1
     python3 scripts/attention_wgmma_offline.py --sources /tmp/before   (then /tmp/after; diff -r)
 """
 from __future__ import annotations

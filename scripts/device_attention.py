@@ -61,24 +61,8 @@ def _rel(groups, block_k, ring=2):
     return _pt(groups, block_k, ring, release=1)
 
 
-def _ov(block_k, **extra):
-    """FlashAttention-3's intra-warpgroup overlap in the plain TMA loop (2 warpgroups, a released ring of 3)."""
-    return _pt(2, block_k, 3, release=1, overlap=1, **extra)
-
-
-def _pr(block_k, **extra):
-    """The TMA producer loop with setmaxnreg (24 registers for the producer, 240 for the consumers)."""
-    return Schedule.make("fused_wgmma", groups=2, block_k=block_k, stages=3, producer=1, tma=1, regs=1, **extra)
-
-
-# 2026-11-26: the overlap (and ping-pong) in the plain loop, and the producer with setmaxnreg
-FA3_64 = [_ov(128), _ov(128, pingpong=1), _ov(64)]                                    # DP <= 64
-FA3_128 = [_ov(128), _ov(128, pingpong=1), _ov(64), _ov(64, pingpong=1), _pr(128), _pr(128, overlap=1)]   # DP > 64
 PLAIN64 = [_pt(2, 128), _rel(2, 128), _rel(2, 128, 3)]   # DP <= 64
 PLAIN128 = [_pt(2, 64), _rel(2, 64), _rel(2, 64, 3)]     # DP > 64
-SWEEP_FA3 = {"B=8 H=16 S=2048 D=64": FA3_64, "B=8 H=16 S=2048 causal": FA3_64, "SDXL self H=10 S=4096": FA3_64,
-             "GPT-2 causal S=1024": FA3_64, "B=8 H=16 S=2048 D=128": FA3_128, "B=8 H=16 S=2048 D=128 causal": FA3_128,
-             "Llama3-8B prefill GQA causal": FA3_128, "DiT-XL S=1024 D=72": FA3_128[:3]}
 SWEEP = {"B=8 H=16 S=2048 D=64": PLAIN64, "B=8 H=16 S=2048 causal": PLAIN64,
          "B=8 H=16 S=2048 D=128": PLAIN128, "B=8 H=16 S=2048 D=128 causal": TMA128[:1] + PLAIN128,
          "SD1.5 self D=40": PLAIN64, "SDXL self H=10 S=4096": PLAIN64,
@@ -140,7 +124,7 @@ def measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=None, vendor
         row["ratio"] = row["sdpa_graph_us"] / row["graph_us"]
         row["ratio_eager"] = row["sdpa_eager_us"] / row["eager_us"]
         row["tflops"] = p.flops() / (row["graph_us"] * 1e-6) / 1e12
-        alt = None if os.environ.get("NO_ALT") else other_kernel(p, sched)
+        alt = other_kernel(p, sched)
         if alt is not None:                  # the other matrix-core kernel on the same tensors
             try:
                 out.fill_(float("nan"))
@@ -172,18 +156,17 @@ def other_kernel(p, sched):
     return None
 
 
-def sweep(timer, rows, stop_at, only=None, table=None):
-    """The SWEEP (or another table's) alternatives of a few fp16 shapes, graph replay, against the heuristic's time."""
-    table = SWEEP if table is None else table
+def sweep(timer, rows, stop_at, only=None):
+    """The SWEEP alternatives of a few fp16 shapes, graph replay, against the heuristic's time."""
     found = []
     for name, q_shape, kv_shape, dtype, causal in cases(("float16",), only):
-        if dtype != "float16" or name not in table:
+        if dtype != "float16" or name not in SWEEP:
             continue
         if time.time() > stop_at:
             print(f"  sweep stopped at {name}: out of time", flush=True)
             break
         base = next(r for r in rows if r["problem"] == name and r["dtype"] == dtype)
-        for s in table[name]:
+        for s in SWEEP[name]:
             try:
                 r = measure(timer, name, q_shape, kv_shape, dtype, causal, schedule=s, vendor=False, n=10)
             except Exception as exc:   # a candidate that does not fit is reported, not fatal
@@ -244,16 +227,7 @@ def sanitize_case():
                  # release=1: buffers released per warp on mbarriers (causal: warpgroups at different tiles)
                  ((1, 4, 200, 128), (1, 1, 700, 128), "float16", True, _rel(2, 64)),
                  ((1, 2, 250, 64), (1, 2, 900, 64), "float16", "bottom_right", _rel(3, 64, 3)),
-                 ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", False, _rel(2, 64), "unaligned"),
-                 # overlap=1 (2026-11-26): the ring of 3 wrapping, causal warpgroups stopping at different
-                 # tiles, ping-pong turns, unaligned plain stores, the setmaxnreg producer
-                 ((1, 4, 200, 128), (1, 1, 700, 128), "float16", True, _ov(128)),
-                 ((1, 2, 250, 64), (1, 2, 900, 64), "bfloat16", "bottom_right", _ov(64, pingpong=1)),
-                 ((1, 4, 130, 128), (1, 2, 600, 128), "float16", True, _ov(128, pingpong=1)),
-                 ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", False, _ov(128, pingpong=1), "unaligned"),
-                 ((1, 4, 200, 128), (1, 1, 700, 128), "float16", "bottom_right", _pr(128))]
-    if os.environ.get("FA3_SANITIZE_ONLY"):    # the 2026-11-26 cases alone (a short device call)
-        runs = runs[-5:]
+                 ((1, 2, 130, 72), (1, 1, 400, 72), "bfloat16", False, _rel(2, 64), "unaligned")]
     bad = 0
     for q_shape, kv_shape, dtype, causal, sched, *how in runs:
         q, k, v = tensors(q_shape, kv_shape, dtype)
@@ -344,7 +318,6 @@ def main():
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds after which the sweep stops")
     ap.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated")
     ap.add_argument("--only", help="comma-separated problem names (default: every shape)")
-    ap.add_argument("--fa3-sweep", action="store_true", help="sweep SWEEP_FA3 (overlap, ping-pong, setmaxnreg) instead")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     if args.out:
@@ -372,8 +345,7 @@ def main():
               + (f"  other {r['alt_graph_us']:.1f} us {'ok' if r['alt_ok'] else 'WRONG'} {r['alt_schedule']}"
                  if r.get("alt_graph_us") else ""), flush=True)
     san = {} if args.no_sanitize else sanitize(args.out)
-    found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline, only,
-                                           SWEEP_FA3 if args.fa3_sweep else None)
+    found = [] if args.no_sweep else sweep(timer, rows, start + args.deadline, only)
     if found:
         print("\n" + best_table(rows, found), flush=True)
     print("\n" + table(rows), flush=True)

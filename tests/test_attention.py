@@ -603,21 +603,3 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills():
         # the producer's tiles are marked full by the copies themselves, not after a wait for them
         assert ("cp.async.mbarrier.arrive.noinc" in ptx) == bool(sched.get("producer", 0))
 
-
-def test_wgmma_overlap_and_setmaxnreg_compile_without_spills():
-    """overlap=1 (FlashAttention-3's intra-warpgroup overlap) with ping-pong in the plain TMA loop, and the
-    setmaxnreg producer (regs=1), compile offline (NVRTC, sm_90a) at D = 128 with 128-key tiles: no local
-    memory, no serialized wgmma (C7512 / C7519), setmaxnreg in the PTX; the producer is its own function."""
-    pytest.importorskip("cuda.bindings.nvrtc")
-    from jitops import engine
-    from jitops.runtime import get_backend
-    backend = get_backend(target="sm_90")
-    p = _hopper_problem((2, 8, 2048, 128), (2, 8, 2048, 128), "float16", causal=True)
-    for sched in (Schedule.make("fused_wgmma", groups=2, block_k=128, stages=3, tma=1, release=1, overlap=1, pingpong=1),
-                  Schedule.make("fused_wgmma", groups=2, block_k=128, stages=3, producer=1, tma=1, regs=1)):
-        source = engine.kernel_source(backend.device, op.plan(p, sched, backend.device).launches[0])
-        ptx, text = nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
-        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
-        assert "0 bytes spill stores" in text and "C7512" not in text and "C7519" not in text, text
-        assert ("setmaxnreg.inc.sync.aligned.u32 232" in ptx) == bool(sched.get("regs", 0))
-        assert ("bar.arrive" in ptx) == bool(sched.get("pingpong", 0))

@@ -332,36 +332,6 @@ def test_wgmma_producer_warpgroup(dtype, d):
     check(uq, uk, uv, schedule=Schedule.make("fused_wgmma", groups=groups, block_k=block_k, stages=ring, producer=1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [40, 64, 72, 128])
-def test_wgmma_overlap_pingpong_setmaxnreg(dtype, d):
-    """FlashAttention-3's intra-warpgroup overlap (overlap=1: S(t+1) and P(t) V(t) in flight together) in the
-    plain TMA loop over a released ring of 3, with and without ping-pong turns between the two warpgroups,
-    64- and 128-key tiles; and the producer loop with setmaxnreg (regs=1). More key tiles than buffers, GQA
-    4:1, both causal diagonals with Sq != Sk (warpgroups stopping at different tiles), a block whose second
-    warpgroup is past the last query row (Sq = 60), and K / V off 16-byte alignment (plain stores)."""
-    if not hopper():
-        pytest.skip("fused_wgmma needs an sm_90 device")
-    from jitops.ops.attention_wgmma import fits
-    from jitops.ops.base import Schedule
-    device = jitops.get_backend().device
-    scheds = [Schedule.make("fused_wgmma", groups=2, block_k=bk, stages=3, tma=1, release=1, overlap=1, **pp)
-              for bk in (128, 64) for pp in ({}, {"pingpong": 1}) if fits(d, 2, bk, device, 3, False, True)]
-    scheds += [Schedule.make("fused_wgmma", groups=2, block_k=128, stages=3, producer=1, tma=1, regs=1)]
-    assert len(scheds) == 5, scheds
-    k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
-    for sq in (200, 60):
-        q = randn(2, 8, sq, d, dtype=dtype)
-        for sched in scheds:
-            check(q, k, v, schedule=sched)
-            check(q, k, v, causal=True, schedule=sched)
-            check(q, k, v, causal="bottom_right", schedule=sched)
-    uq, uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (q, k, v))
-    assert uk.data_ptr() % 16 and uv.data_ptr() % 16
-    for sched in scheds[:2]:
-        check(uq, uk, uv, schedule=sched)
-        check(uq, uk, uv, causal=True, schedule=sched)
-
 def _decode_case(batch, heads, kv_heads, sq, sk, d, dtype):
     return (randn(batch, heads, sq, d, dtype=dtype), randn(batch, kv_heads, sk, d, dtype=dtype),
             randn(batch, kv_heads, sk, d, dtype=dtype))

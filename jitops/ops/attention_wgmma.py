@@ -14,13 +14,6 @@ D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized lo
 the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
 loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
 0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
-
-Options reachable by an explicit schedule only (H100, 2026-11-26, docs/performance.md "FlashAttention-3's
-overlap, ping-pong and setmaxnreg, tried"): overlap=1 (FlashAttention-3's intra-warpgroup overlap; in the
-plain TMA loop with release=1 and a ring of 3, or the producer loop), pingpong=1 (the two consumer
-warpgroups take turns issuing their products), regs=1 (setmaxnreg in the TMA producer loop). They ran
-1.03-1.04x the pick on B=8 H=16 S=2048 D=128 without causal masking and 0.62-0.96x everywhere else, so
-neither the scheduler nor the tuner's candidates take them.
 """
 from __future__ import annotations
 
@@ -37,11 +30,6 @@ BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
-# regs=1 (setmaxnreg): registers per thread of (the producer warpgroup, each consumer warpgroup) by
-# consumer count; 128 x 40 + 256 x 232 and 128 x 40 + 384 x 152 fit the 64 K registers of an SM. 40, not
-# FlashAttention-3's 24: the producer's function (TMA issue and the unaligned plain-store path) uses up to
-# R33 in ptxas's allocation (NVRTC 13.5, sm_90a), and a warp must not touch registers past its count.
-REG_SPLIT = {2: (40, 232), 3: (40, 152)}
 
 
 def hopper(device: DeviceInfo) -> bool:
@@ -77,11 +65,8 @@ def registers(d: int, block_k: int) -> int:
 
 
 def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False,
-         tma: bool = False, regs: bool = False) -> bool:
+         tma: bool = False) -> bool:
     threads = 128 * (groups + producer)
-    if regs:    # setmaxnreg: the consumers get REG_SPLIT's count, whatever the block's average
-        return (producer and threads <= device.max_threads_per_block and registers(d, block_k) <= REG_SPLIT[groups][1]
-                and shared_bytes(d, groups, block_k, stages, tma) <= device.shared_per_block_optin)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads < device.registers_per_multiprocessor   # 512 x 128: spills
             and registers(d, block_k) <= 255
@@ -227,21 +212,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
     release = bool(int(schedule.get("release", 0)))
-    regs, overlap, pingpong = (bool(int(schedule.get(n, 0))) for n in ("regs", "overlap", "pingpong"))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
     if release and (producer or not tma):
         raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
-    if regs and not (producer and tma):
-        raise ScheduleError("attention fused_wgmma: regs=1 is an option of the producer loop with TMA loads "
-                            "(producer=1, tma=1)")
-    if overlap and not (tma and (producer or release)):
-        raise ScheduleError("attention fused_wgmma: overlap=1 is an option of the TMA loops with mbarrier rings "
-                            "(tma=1 and producer=1 or release=1)")
-    if pingpong and (groups != 2 or not overlap):
-        raise ScheduleError("attention fused_wgmma: pingpong=1 takes turns between 2 consumer warpgroups of the "
-                            "overlap loop (groups=2, overlap=1)")
-    if overlap and stages < 3:
-        raise ScheduleError("attention fused_wgmma: overlap=1 keeps two tiles' buffers in use: a ring of 3 or more")
     if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
                             f"in {GROUPS}, {BLOCK_KS} and {RINGS if ring else STAGES}")
@@ -254,22 +227,19 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
     threads = 128 * (groups + producer)       # producer=1: one more warpgroup that only copies K/V
-    if not fits(p.d, groups, bk, device, stages, producer, tma, regs):
+    if not fits(p.d, groups, bk, device, stages, producer, tma):
         raise ScheduleError(f"attention fused_wgmma: {threads} threads with D={p.d}, block_k={bk} do not fit "
                             f"{device.name}'s registers")
     # The plain TMA loop's speed comes from two blocks sharing an SM (H100: a ring of 3 buffers that
     # left room for one ran 0.74x): where two fit in shared memory, ask ptxas for registers that fit too.
     # Only where each thread keeps 128 registers (2 warpgroups): three warpgroups at two blocks get 85,
     # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
-    two = (tma and not producer and not overlap and 2 * (smem + 1024) <= device.shared_per_multiprocessor
+    two = (tma and not producer and 2 * (smem + 1024) <= device.shared_per_multiprocessor
            and device.resident_blocks(threads, 0, 128) >= 2)
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
               "min_blocks": 2 if two else 1,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
               "release": release}
-    if regs or overlap or pingpong:     # only where asked: the other schedules' parameters (and sources) stay as they were
-        params.update(regs=regs, overlap=overlap, pingpong=pingpong, producer_regs=REG_SPLIT[groups][0],
-                      consumer_regs=REG_SPLIT[groups][1])
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
