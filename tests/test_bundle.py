@@ -113,6 +113,26 @@ def test_manifest_records_targets_kernels_and_schedules(cpu_bundle):
     assert (cpu_bundle / "model.onnx").is_file() and (cpu_bundle / m["native"]["file"]).is_file()
 
 
+def test_bundle_records_are_found_for_every_op(cpu_bundle):
+    """A loaded bundle's records choose the schedules again for every op, attention included, whose
+    schedule space is past generation 0: the records carry the op's generation. (They once had none,
+    so on reload a tuned attention schedule gave way to the heuristic, whose kernel the bundle did not
+    hold: the GPU demo's step 6 failed so on an H100, 2026-11-26.)"""
+    from jitops.ops import get_op
+    from jitops.ops.base import Schedule
+    from jitops.records import op_space, store
+    m = json.loads((cpu_bundle / "manifest.json").read_text())
+    assert all(r["space"] == op_space(get_op(r["op"])) for r in m["records"])
+    assert op_space(get_op("attention")) >= 1          # the case that failed
+    bundle = jitops.load_bundle(cpu_bundle)
+    device = jitops.get_backend("cpu").device
+    for r in m["records"]:
+        found = store().lookup(device, r["op"], r["problem"], op_space(get_op(r["op"])))
+        assert found is not None and found[1] == "bundle", (r["op"], found)
+        assert found[0] == Schedule.from_dict(r["schedule"])
+    bundle.unload()
+
+
 def _copy_with(bundle: Path, tmp_path: Path, change) -> Path:
     copy = tmp_path / "edited.jitops"
     shutil.copytree(bundle, copy)

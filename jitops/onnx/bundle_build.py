@@ -23,6 +23,7 @@ from ..cache import loader
 from ..errors import BackendUnavailable, JitopsError
 from ..ops import get_op
 from ..ops.base import parse_shape
+from ..records import op_space
 from ..runtime import get_backend
 from ..runtime.hostcc import write_atomic
 from .graph import load_model
@@ -159,9 +160,13 @@ def _compile_problem(op_name: str, problem: Any, backend: Any, target: Target, o
             "key": built.key, "target": target.target, "op": op_name, "problem": problem.key(),
             "kernel": launch.kernel, "template": launch.template, "file": rel, "bytes": len(built.binary),
             "sha256": hashlib.sha256(built.binary).hexdigest(), "compile_seconds": round(built.compile_seconds, 4)})
+    # The op's schedule-space generation, as a tuner stamps it: without it a loading process takes the
+    # record for generation 0 and skips it for an op past that (attention), and the heuristic then asks
+    # for a kernel the bundle does not hold whenever a tuned schedule was bundled.
     manifest["records"].append({
         "target": target.target, "arch": _record_arch(backend.device), "device": backend.device.key, "op": op_name,
-        "problem": problem.key(), "schedule": schedule.as_dict(), "origin": origin, "jitops": __version__})
+        "problem": problem.key(), "schedule": schedule.as_dict(), "origin": origin, "jitops": __version__,
+        "space": op_space(op)})
 
 
 def _add_native_library(out: Path, manifest: dict[str, Any]) -> None:
