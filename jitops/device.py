@@ -26,6 +26,12 @@ class DeviceInfo:
     online: bool = True           # False: compile-only target, no device present
 
     @property
+    def hopper(self) -> bool:
+        """NVIDIA compute capability 9.0 (sm_90 / sm_90a): wgmma, TMA (cp.async.bulk.tensor) and
+        thread-block clusters."""
+        return self.backend == "cuda" and self.arch.rstrip("a") == "sm_90"
+
+    @property
     def key(self) -> str:
         """Identity for tuning records: arch plus multiprocessor count."""
         return f"{self.arch}-{self.multiprocessors}sm"

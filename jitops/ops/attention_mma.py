@@ -71,11 +71,6 @@ def shared_bytes(d: int, block_q: int, block_k: int, key_warps: int = 1, split: 
     return max(main, merge)
 
 
-def sm90(device: DeviceInfo) -> bool:
-    """TMA (cp.async.bulk.tensor) and thread-block clusters: NVIDIA compute capability 9.0."""
-    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
-
-
 def _registers(d: int, groups: int, block_k: int, key_warps: int, q_regs: bool) -> int:
     """Rough registers per thread: O accumulators, scores, Q fragments (when kept) and ~64 for
     addresses and softmax state (the D=64 prefill kernel reported 119 on NVRTC 13)."""
@@ -132,7 +127,7 @@ TMA_SPLIT_TILE = (8, 8, 128)      # (warps, key warps, block_k) of split decodin
 def tma_decode_applies(p: AttentionProblem, device: DeviceInfo) -> bool:
     """Decoding loads K / V by TMA (tma=1) on sm_90 for fp16 / bf16 with 16-byte rows (D a multiple of
     8) up to DP = 128; elsewhere the cp.async ring (and decode_splits) stays."""
-    return sm90(device) and p.dtype in MMA_DTYPES and p.d % 8 == 0 and padded_dim(p.d) <= TMA_DECODE_MAX_DP
+    return device.hopper and p.dtype in MMA_DTYPES and p.d % 8 == 0 and padded_dim(p.d) <= TMA_DECODE_MAX_DP
 
 
 def tma_decode(device: DeviceInfo, blocks: int, sk: int, row_tiles: int) -> tuple[dict, str]:
@@ -340,13 +335,13 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     prefetch = int(schedule.get("prefetch", 0))
     tma = bool(int(schedule.get("tma", 0)))
     cluster = bool(int(schedule.get("cluster", 0)))
-    if tma and not (sm90(device) or device.backend == "cpu"):
+    if tma and not (device.hopper or device.backend == "cpu"):
         raise ScheduleError(f"attention fused_mma: tma=1 (K / V by Hopper bulk copies) needs an sm_90 device, "
                             f"not {device.name} ({device.arch}); the CPU emulator runs its tiles with plain loads")
     if tma and (p.d % 8 or prefetch):
         raise ScheduleError(f"attention fused_mma: tma=1 needs D a multiple of 8 (16-byte rows; D={p.d}) and "
                             f"no cp.async prefetch (prefetch={prefetch})")
-    if cluster and not sm90(device):
+    if cluster and not device.hopper:
         raise ScheduleError(f"attention fused_mma: cluster=1 (split-KV merged through distributed shared memory) "
                             f"needs an sm_90 device, not {device.name} ({device.arch})")
     if prefetch not in (0, 64, 128, 256):

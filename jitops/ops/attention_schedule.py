@@ -18,7 +18,7 @@ import logging
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma, sm90
+from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
 from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, why_not
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
@@ -359,7 +359,7 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))
-        if sm90(device):
+        if device.hopper:
             # one sm_90 decode representative: K/V by TMA into the swizzled ring, splits merged in a cluster
             out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                           splits=4, cluster=1, tma=1, stages=3)))

@@ -32,14 +32,9 @@ STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3'
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
 
 
-def hopper(device: DeviceInfo) -> bool:
-    """wgmma exists on compute capability 9.0 only (the arch-specific sm_90a target)."""
-    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
-
-
 def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
     """None when fused_wgmma can run this problem on this device, else the reason."""
-    if not hopper(device):
+    if not device.hopper:
         return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
     if p.dtype not in MMA_DTYPES:
         return f"wgmma takes {' or '.join(MMA_DTYPES)}, not {p.dtype}"

@@ -107,13 +107,9 @@ class WgmmaCost:
 COST = WgmmaCost()
 
 
-def hopper(device: DeviceInfo) -> bool:
-    return device.backend == "cuda" and device.arch.rstrip("a") == "sm_90"
-
-
 def why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
     """Why the wgmma kernel cannot run this problem on this device, or None."""
-    if not hopper(device):
+    if not device.hopper:
         return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
     if p.dtype not in DTYPES:
         return f"wgmma conv2d takes float16 or bfloat16, or float32 with precision 'tf32' (got {p.dtype})"
