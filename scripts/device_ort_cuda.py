@@ -134,6 +134,34 @@ def placement(ort, make, out_dir: str, tag: str) -> tuple[object, dict]:
                   "fused_types": sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})}
 
 
+def node_profile(ort, make, feeds: dict[str, np.ndarray], device: str, runs: int) -> dict:
+    """ORT's own profile of `runs` runs of a session built by make(options): per op type, the
+    nodes per run and the host microseconds per run ORT spent in them (for the CUDA EP a node's
+    time is its launch work on the host, kernels run asynchronously), and the run's total."""
+    opts = ort.SessionOptions()
+    opts.enable_profiling = True
+    sess = make(opts)
+    bound = Bound(ort, sess, feeds, device)
+    for _ in range(3 + runs):
+        bound.run()
+    path = sess.end_profiling()
+    events = json.load(open(path))
+    os.remove(path)
+    per_type: dict[str, list[float]] = {}
+    total = 0.0
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            t = e.get("args", {}).get("op_name", "?")
+            per_type.setdefault(t, []).append(float(e.get("dur", 0)))
+        elif e.get("cat") == "Session" and e.get("name") == "model_run":
+            total += float(e.get("dur", 0))
+    n = 3 + runs
+    return {"run_us": round(total / n, 1),
+            "nodes_us": round(sum(sum(v) for v in per_type.values()) / n, 1),
+            "by_type": {k: {"nodes": len(v) // n, "us": round(sum(v) / n, 1)}
+                        for k, v in sorted(per_type.items(), key=lambda kv: -sum(kv[1]))}}
+
+
 def export_model(name: str, dtype: str) -> bytes:
     if name.startswith("corpus_"):      # tiny corpus models (dry runs on the CPU)
         from jitops.onnx import corpus
@@ -143,7 +171,8 @@ def export_model(name: str, dtype: str) -> bytes:
 
 
 def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] | None = None,
-             variants: tuple[str, ...] = ("default",), out_dir: str = ".", provider: str = "cuda") -> dict:
+             variants: tuple[str, ...] = ("default",), out_dir: str = ".", provider: str = "cuda",
+             profile: int = 0) -> dict:
     import jitops.onnx as jo
     from jitops.onnx.testing import max_rel_error
     data32 = export_model(name, "float32")
@@ -167,9 +196,13 @@ def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] |
                                                               **extra), out_dir, f"{tag}_{v}")
         bound[v] = Bound(ort, sess, feeds, device)
     ms = take_turns(bound, reps)
+    makers = {"ort": lambda o: ort.InferenceSession(data, sess_options=o, providers=cuda)}
+    makers.update({v: (lambda o, m=rewritten(data, ops, v, transformer=any(k in name for k in ("bert", "vit"))):
+                       jo.session(m, providers=cuda, rewrite=False, options=o, **extra)) for v in variants})
+    profiles = {k: node_profile(ort, make, feeds, device, profile) for k, make in makers.items()} if profile else {}
     y_ort = bound["ort"].output().astype(np.float32)
     r = {"model": name, "batch": batch, "dtype": dtype, "ops": ops or "all", "ort_cuda_ms": round(ms["ort"], 3),
-         "err_ort_vs_fp32": max_rel_error(y_ort, ref), "graphs": places}
+         "err_ort_vs_fp32": max_rel_error(y_ort, ref), "graphs": places, **({"profile": profiles} if profiles else {})}
     for v in variants:
         y = bound[v].output().astype(np.float32)
         tag = "" if v == "default" else f"_{v}"
@@ -192,6 +225,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--json", default="device_ort_cuda.json", help="file name under --out")
     ap.add_argument("--variants", default="default", help=f"rewrites to compare, of {','.join(VARIANTS)}")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="also profile this many runs of each session with ORT's profiler (host time per op type)")
     ap.add_argument("--ops", action="append", help="take only these jitops ops (repeatable; default: all); "
                     "'--ops all --ops attention --ops layer_norm' runs a case once per entry, to attribute time")
     args = ap.parse_args()
@@ -217,7 +252,7 @@ def main() -> int:
             else:
                 try:
                     r = run_case(ort, name, batch, dtype, args.reps, ops, tuple(args.variants.split(",")), args.out,
-                                 args.provider)
+                                 args.provider, args.profile)
                 except Exception as exc:  # reported; the other cases still run
                     if args.strict:
                         raise
@@ -233,6 +268,10 @@ def main() -> int:
             if f"speedup{tag}" in r:
                 print(f"{r['model']:<11} {r['batch']:>5} {r['dtype']:<8} {r['ort_cuda_ms']:>11}  {v:<12} "
                       f"{r[f'jitops{tag}_ms']:>9} {r[f'speedup{tag}']:>8} {r[f'err_jitops{tag}_vs_ort']:>10.2e}  {r['ops']}")
+    for r in results:
+        for k, prof in r.get("profile", {}).items():
+            top = ", ".join(f"{t} {v['nodes']}x {v['us']}" for t, v in list(prof["by_type"].items())[:8])
+            print(f"profile {r['model']} b{r['batch']} {r['dtype']} {k}: run {prof['run_us']} us, nodes {prof['nodes_us']} us: {top}")
     return 0
 
 
