@@ -66,7 +66,7 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
         p.stream_scratch = backend_scratch(scratch_ws, backend)
         p.backend = p.backend or backend
 
-    def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None) -> None:
+    def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None, replay: list | None = None) -> None:
         full = dict(ptrs)
         with p.lock:
             for ws in persistent:
@@ -80,6 +80,23 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
                 prepare_for(p, derived_key, (), full, backend, stream)
             for step in p.steps:
                 bind_and_launch(step, full, stream)
+            if replay is not None and run.replayable:   # type: ignore[attr-defined]
+                replay.extend(_launch_record(step) for step in p.steps)
 
     run.derived_inputs = tuple(p.derived.inputs) if p.derived is not None and p.prepare_steps else ()  # type: ignore[attr-defined]
+    # Whether a call's launches can be made again as they were, with other output buffers only (a
+    # replay, onnx/native/jitops_ort.cc): every launch through the native launcher, no prepare steps
+    # (derived data may be recomputed or dropped), no per-call scratch (per stream, may be freed),
+    # no tensor map over an output. Persistent workspaces live until clear_prepared (on_clear).
+    outputs = set(p.problem.outputs())
+    run.replayable = (all(getattr(step.run, "native", None) is not None for step in p.steps)  # type: ignore[attr-defined]
+                      and not p.prepare_steps and not scratch_ws
+                      and not any(buffer in outputs for step in p.steps for _, buffer, _ in step.tmaps))
     return run
+
+
+def _launch_record(step: Any) -> tuple:
+    """(native launcher call, argument values as bytes, argument index -> buffer name) of a step
+    as it was just launched (its arguments bound)."""
+    return (step.run.native, [bytes(v) for v in step.packed.values],
+            {slot.index: slot.buffer for slot in step.slots})

@@ -188,14 +188,20 @@ def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] |
     native, graphs = placement(ort, lambda o: ort.InferenceSession(data, sess_options=o, providers=cuda), out_dir, tag)
     bound = {"ort": Bound(ort, native, feeds, device)}
     places = {"ort": graphs}
-    nodes = {}
+    nodes, mine = {}, {}
+    from jitops.onnx import kernels
     for v in variants:
         model = rewritten(data, ops, v, transformer=any(k in name for k in ("bert", "vit")))
         nodes[v] = sum(n.domain == "jitops" for n in model.graph.node)
+        before = set(kernels._kernels)
         sess, places[v] = placement(ort, lambda o: jo.session(model, providers=cuda, rewrite=False, options=o,
                                                               **extra), out_dir, f"{tag}_{v}")
+        mine[v] = [k for kid, k in kernels._kernels.items() if kid not in before]
         bound[v] = Bound(ort, sess, feeds, device)
+    calls_before = {v: sum(k.calls for k in ks) for v, ks in mine.items()}
     ms = take_turns(bound, reps)
+    # node calls that entered Python per timed run (the rest ran from the library's replays)
+    python_calls = {v: (sum(k.calls for k in ks) - calls_before[v]) / (reps + 3) for v, ks in mine.items()}
     makers = {"ort": lambda o: ort.InferenceSession(data, sess_options=o, providers=cuda)}
     makers.update({v: (lambda o, m=rewritten(data, ops, v, transformer=any(k in name for k in ("bert", "vit"))):
                        jo.session(m, providers=cuda, rewrite=False, options=o, **extra)) for v in variants})
@@ -208,6 +214,7 @@ def run_case(ort, name: str, batch: int, dtype: str, reps: int, ops: list[str] |
         tag = "" if v == "default" else f"_{v}"
         r.update({f"jitops{tag}_nodes": nodes[v], f"jitops{tag}_ms": round(ms[v], 3),
                   f"speedup{tag}": round(ms["ort"] / ms[v], 3), f"err_jitops{tag}_vs_fp32": max_rel_error(y, ref),
+                  f"python_calls{tag}_per_run": round(python_calls[v], 2),
                   f"err_jitops{tag}_vs_ort": max_rel_error(y, y_ort), f"first_run{tag}_s": round(bound[v].first_s, 2)})
     return r
 

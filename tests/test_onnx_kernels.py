@@ -30,7 +30,9 @@ def test_library_exports_only_the_entry_points():
     if res.returncode != 0:
         pytest.skip("no nm here")
     ours = sorted(line.split()[-1] for line in res.stdout.splitlines() if " T " in line)
-    assert ours == ["RegisterCustomOps", "jitops_ort_configure", "jitops_ort_output", "jitops_ort_shutdown"]
+    assert ours == ["RegisterCustomOps", "jitops_ort_configure", "jitops_ort_invalidate", "jitops_ort_keep_replay",
+                    "jitops_ort_output", "jitops_ort_replay_free", "jitops_ort_replay_new", "jitops_ort_replay_run",
+                    "jitops_ort_shutdown"]
 
 
 def test_registering_the_library_without_jitops_is_a_clear_ort_error():

@@ -91,3 +91,47 @@ def test_a_full_memo_is_forgotten_not_grown(gpu_node):
         assert 1 <= len(K._kernels[kid].repeats) <= K.MAX_REPEATS
     finally:
         K.destroy(kid)
+
+
+def test_the_library_replays_a_call_with_its_own_arguments(gpu_node):
+    """The replay the library keeps after a call worked out in Python (onnx/native/jitops_ort.cc):
+    the same launch (function, grid, block, shared bytes, stream) with every argument as in that
+    call and the new output buffer patched in, even after another node sharing the plan launched
+    with other inputs; none kept for a plan with prepare steps (a convolution's packed filter)."""
+    from jitops.onnx import native
+    probe, ort = gpu_node
+    lib = native.connect()          # the real library, built here; connecting binds it: the fake comes back
+    K.bind_library(ort)
+    kept = []
+    ort.jitops_ort_replay_new = lib.jitops_ort_replay_new
+    ort.jitops_ort_keep_replay = lambda call, replay: kept.append(replay) or 0
+    a = K.create("LayerNorm", 1, 10, '{"axis": -1, "epsilon": 1e-5}')
+    b = K.create("LayerNorm", 1, 10, '{"axis": -1, "epsilon": 1e-5}')
+    conv = K.create("Conv2dRelu", 1, 10, '{"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], '
+                                         '"group": 1, "__constant_inputs": [1, 2]}')
+    try:
+        shapes = [(4, 10, 96), (96,), (96,)]
+        K.compute(a, 7, 3, tensors([0x100000000, 0x200000000, 0x300000000], shapes), 0x5000)
+        calls, kernel, grid, block, shared, stream, values = probe.native.probe_last(6)
+        y = ort.next
+        assert len(kept) == 1 and kept[0] and stream == 0x5000 and y in values
+        K.compute(b, 8, 3, tensors([0x110000000, 0x210000000, 0x310000000], shapes), 0x5000)   # the same plan
+        assert probe.native.probe_last(6)[-1][0] == 0x110000000
+        out = (ctypes.c_void_p * 1)(0x7F00DEAD0000)
+        assert lib.jitops_ort_replay_run(kept[0], 0x5000, out) == 0
+        calls2, kernel2, grid2, block2, shared2, stream2, values2 = probe.native.probe_last(6)
+        assert (calls2, kernel2, grid2, block2, shared2, stream2) == (calls + 2, kernel, grid, block, shared, 0x5000)
+        assert values2 == [0x7F00DEAD0000 if v == y else v for v in values]
+        probe.native.probe_set_status(700)                   # a failing launch: its status comes back
+        assert lib.jitops_ort_replay_run(kept[0], 0x5000, out) == 700
+        probe.native.probe_set_status(0)
+        assert not lib.jitops_ort_replay_new(b"\x01\x00\x00\x00", 4)          # a malformed blob: refused
+        n = len(kept)
+        K.compute(conv, 9, 3, tensors([0x100000000, 0x200000000, 0x300000000], [(1, 16, 8, 8), (16, 16, 3, 3), (16,)]),
+                  0x5000)
+        assert len(kept) == n                                 # prepare steps (the filter's pack): no replay
+    finally:
+        for kid in (a, b, conv):
+            K.destroy(kid)
+        for replay in kept:
+            lib.jitops_ort_replay_free(replay)

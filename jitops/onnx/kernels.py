@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import struct
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -99,9 +100,17 @@ _lib: Any = None
 _session_backend = threading.local()
 
 
+def _invalidate_replays() -> None:
+    """Plans were dropped: the library's replays (their workspaces, their generation) are stale."""
+    invalidate = getattr(_lib, "jitops_ort_invalidate", None)
+    if invalidate is not None:
+        invalidate()
+
+
 def bind_library(lib: Any) -> None:
     global _lib
     _lib = lib
+    engine.on_clear(_invalidate_replays)
 
 
 @contextlib.contextmanager
@@ -229,7 +238,32 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
             k.repeats.clear()
         k.repeats[raw] = (key[2], runner, dict(ptrs), out_specs, derived_key)
         ptrs.update(out_ptrs)
-        runner(ptrs, stream or 0, derived_key)
+        keep = getattr(_lib, "jitops_ort_keep_replay", None)
+        launches: list | None = [] if keep is not None and runner.replayable and all(out_ptrs.values()) else None
+        runner(ptrs, stream or 0, derived_key, launches)
+        if launches:
+            blob = replay_blob(launches, out_specs)
+            keep(call, _lib.jitops_ort_replay_new(blob, len(blob)))
+
+
+def replay_blob(launches: list, out_specs: list[tuple[str, TensorSpec, Any]]) -> bytes:
+    """A call's launches (pointer_runner's records) in the form the library replays them
+    (onnx/native/jitops_ort.cc, struct Replay): the outputs' dims, then per launch the launcher's
+    entry, function, grid, block and shared bytes, the argument values, and which arguments hold
+    which output's pointer."""
+    index = {name: i for i, (name, _, _) in enumerate(out_specs)}
+    out = [struct.pack("<I", len(out_specs))]
+    for _, spec, dims in out_specs:
+        rank = len(spec.shape)
+        out.append(struct.pack(f"<I{rank}q", rank, *dims[:rank]))
+    out.append(struct.pack("<I", len(launches)))
+    for (_, entry, function, gx, gy, gz, bx, by, bz, shared), values, buffers in launches:
+        out.append(struct.pack("<QQ7II", entry, function, gx, gy, gz, bx, by, bz, shared, len(values)))
+        out += [struct.pack("<I", len(v)) + v for v in values]
+        patches = [(arg, index[name]) for arg, name in buffers.items() if name in index]
+        out.append(struct.pack("<I", len(patches)))
+        out += [struct.pack("<II", arg, o) for arg, o in patches]
+    return b"".join(out)
 
 
 def destroy(kid: int) -> None:

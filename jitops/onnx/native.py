@@ -99,10 +99,12 @@ def write_error(buf: int, size: int, message: str) -> None:
 def connect() -> ctypes.CDLL:
     """Load the library into this process and point it at the jitops kernels (idempotent)."""
     global _lib, _callbacks
+    from . import kernels
     with _lock:
         if _lib is not None:
+            if kernels._lib is not _lib:     # rebound meanwhile (tests put a fake ORT in its place)
+                kernels.bind_library(_lib)
             return _lib
-        from . import kernels
         path = library_path()
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
         lib.jitops_ort_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p, CREATE, COMPUTE, DESTROY,
@@ -112,6 +114,14 @@ def connect() -> ctypes.CDLL:
                                           ctypes.c_int]
         lib.jitops_ort_output.restype = ctypes.c_void_p
         lib.jitops_ort_shutdown.argtypes = []
+        lib.jitops_ort_replay_new.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.jitops_ort_replay_new.restype = ctypes.c_void_p
+        lib.jitops_ort_replay_free.argtypes = [ctypes.c_void_p]
+        lib.jitops_ort_replay_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.jitops_ort_replay_run.restype = ctypes.c_int
+        lib.jitops_ort_keep_replay.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.jitops_ort_keep_replay.restype = ctypes.c_int
+        lib.jitops_ort_invalidate.argtypes = []
         callbacks = (CREATE(kernels.create_callback), COMPUTE(kernels.compute_callback),
                      DESTROY(kernels.destroy_callback))
         err = ctypes.create_string_buffer(4096)
