@@ -23,13 +23,13 @@ from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
 from .pointer_runner import pointer_runner, run_pointers  # noqa: F401  (part of the engine's API)
 from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, backend_scratch, bind,  # noqa: F401
-                       bind_and_launch, clear_prepared, compile_problem, generation, kernel_source, on_clear,
+                       bind_and_launch, clear_prepared, compile_problem, generation, kernel_source,
                        persistent_workspace, prepare, prepare_for, select_schedule)
 from .runtime import current_backend
 from .runtime.base import Backend
 
 __all__ = ["run", "repeat_call", "MISS", "dispatch_table", "select_schedule", "prepare", "Prepared", "Step",
-           "Slot", "kernel_source", "compile_problem", "CompiledKernel", "clear_prepared", "generation", "on_clear", "bind",
+           "Slot", "kernel_source", "compile_problem", "CompiledKernel", "clear_prepared", "generation", "bind",
            "bind_and_launch", "StreamScratch", "persistent_workspace", "prepare_for", "pointer_runner", "run_pointers"]
 
 log = logging.getLogger("jitops.engine")

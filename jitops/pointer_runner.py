@@ -85,12 +85,14 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
 
     run.derived_inputs = tuple(p.derived.inputs) if p.derived is not None and p.prepare_steps else ()  # type: ignore[attr-defined]
     # Whether a call's launches can be made again as they were, with other output buffers only (a
-    # replay, onnx/native/jitops_ort.cc): every launch through the native launcher, no prepare steps
-    # (derived data may be recomputed or dropped), no per-call scratch (per stream, may be freed),
-    # no tensor map over an output. Persistent workspaces live until clear_prepared (on_clear).
+    # replay, onnx/native/jitops_ort.cc): every launch through the native launcher, no scratch zeroed
+    # per call, derived data kept per key (prepare steps with a derived cache; the caller passes the
+    # key), no tensor map over an output. Whatever frees or refills memory a replay names (derived
+    # data, a stream's scratch, clear_prepared) calls fastlaunch.memory_released.
     outputs = set(p.problem.outputs())
     run.replayable = (all(getattr(step.run, "native", None) is not None for step in p.steps)  # type: ignore[attr-defined]
-                      and not p.prepare_steps and not scratch_ws
+                      and not any(ws.zero for ws in scratch_ws)
+                      and (not p.prepare_steps or p.derived is not None)
                       and not any(buffer in outputs for step in p.steps for _, buffer, _ in step.tmaps))
     return run
 

@@ -29,6 +29,7 @@ from .ops import get_op
 from .ops.base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, TensorMap
 from .records import op_space, plan_failure, store as record_store
 from .runtime.base import Backend, Kernel, PackedArgs
+from .runtime.fastlaunch import memory_released
 
 if TYPE_CHECKING:
     from .bound_plan import BoundPlan
@@ -178,7 +179,6 @@ class _Cache:
         self.dispatch: dict[str, Any] = {}                 # native repeat calls (no out, no schedule): by op, kept
         self.lock = threading.Lock()
         self.generation = 0     # bumped by clear_prepared: runners held elsewhere must be fetched anew
-        self.on_clear: list[Callable[[], None]] = []   # told after every clear_prepared
 
 
 _cache = _Cache()
@@ -202,17 +202,7 @@ def clear_prepared() -> None:
         for d in _cache.dispatch.values():    # emptied, not dropped: the public functions hold them
             d.clear()
         _cache.generation += 1
-        listeners = list(_cache.on_clear)
-    for tell in listeners:
-        tell()
-
-
-def on_clear(tell: Callable[[], None]) -> None:
-    """Call `tell()` after every clear_prepared: for holders of launches outside Python (the ONNX
-    Runtime library's replays), whose argument blocks and workspaces the clear may free."""
-    with _cache.lock:
-        if tell not in _cache.on_clear:
-            _cache.on_clear.append(tell)
+    memory_released()       # launchers outside Python (ONNX Runtime replays) forget the freed workspaces
 
 
 def generation() -> int:

@@ -97,7 +97,8 @@ def test_the_library_replays_a_call_with_its_own_arguments(gpu_node):
     """The replay the library keeps after a call worked out in Python (onnx/native/jitops_ort.cc):
     the same launch (function, grid, block, shared bytes, stream) with every argument as in that
     call and the new output buffer patched in, even after another node sharing the plan launched
-    with other inputs; none kept for a plan with prepare steps (a convolution's packed filter)."""
+    with other inputs. A convolution's packed filter (derived data) is kept only for initializer
+    weights: a replay then, none for weights that may change; freed memory makes replays stale."""
     from jitops.onnx import native
     probe, ort = gpu_node
     lib = native.connect()          # the real library, built here; connecting binds it: the fake comes back
@@ -107,8 +108,11 @@ def test_the_library_replays_a_call_with_its_own_arguments(gpu_node):
     ort.jitops_ort_keep_replay = lambda call, replay: kept.append(replay) or 0
     a = K.create("LayerNorm", 1, 10, '{"axis": -1, "epsilon": 1e-5}')
     b = K.create("LayerNorm", 1, 10, '{"axis": -1, "epsilon": 1e-5}')
-    conv = K.create("Conv2dRelu", 1, 10, '{"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], '
-                                         '"group": 1, "__constant_inputs": [1, 2]}')
+    conv_attrs = '"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1'
+    conv = K.create("Conv2dRelu", 1, 10, '{' + conv_attrs + ', "__constant_inputs": [1, 2]}')
+    conv_fed = K.create("Conv2dRelu", 1, 10, '{' + conv_attrs + '}')      # weights computed in the graph
+    stale = []
+    ort.jitops_ort_invalidate = lambda: stale.append(1)
     try:
         shapes = [(4, 10, 96), (96,), (96,)]
         K.compute(a, 7, 3, tensors([0x100000000, 0x200000000, 0x300000000], shapes), 0x5000)
@@ -126,12 +130,17 @@ def test_the_library_replays_a_call_with_its_own_arguments(gpu_node):
         assert lib.jitops_ort_replay_run(kept[0], 0x5000, out) == 700
         probe.native.probe_set_status(0)
         assert not lib.jitops_ort_replay_new(b"\x01\x00\x00\x00", 4)          # a malformed blob: refused
+        conv_in = [(1, 16, 8, 8), (16, 16, 3, 3), (16,)]
         n = len(kept)
-        K.compute(conv, 9, 3, tensors([0x100000000, 0x200000000, 0x300000000], [(1, 16, 8, 8), (16, 16, 3, 3), (16,)]),
-                  0x5000)
-        assert len(kept) == n                                 # prepare steps (the filter's pack): no replay
+        K.compute(conv, 9, 3, tensors([0x100000000, 0x200000000, 0x300000000], conv_in), 0x5000)
+        assert len(kept) == n + 1                             # initializer weights: packed once, replayable
+        K.compute(conv_fed, 10, 3, tensors([0x100000000, 0x220000000, 0x300000000], conv_in), 0x5000)
+        assert len(kept) == n + 1                             # packed again every call: no replay
+        from jitops.runtime.fastlaunch import memory_released
+        memory_released()
+        assert stale                                          # the library was told
     finally:
-        for kid in (a, b, conv):
+        for kid in (a, b, conv, conv_fed):
             K.destroy(kid)
         for replay in kept:
             lib.jitops_ort_replay_free(replay)

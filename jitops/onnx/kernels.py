@@ -26,6 +26,7 @@ from ..ops import get_op
 from ..ops.base import TensorSpec
 from ..runtime import current_backend, get_backend
 from ..runtime.base import Backend
+from ..runtime.fastlaunch import on_memory_released
 from .native import JtTensor as JT_TENSOR
 from .optypes import OpType, op_type
 
@@ -101,7 +102,8 @@ _session_backend = threading.local()
 
 
 def _invalidate_replays() -> None:
-    """Plans were dropped: the library's replays (their workspaces, their generation) are stale."""
+    """Memory a replay may name was freed or refilled (plans dropped, derived data evicted or
+    recomputed, a stream's scratch released): every replay of the library is stale."""
     invalidate = getattr(_lib, "jitops_ort_invalidate", None)
     if invalidate is not None:
         invalidate()
@@ -110,7 +112,7 @@ def _invalidate_replays() -> None:
 def bind_library(lib: Any) -> None:
     global _lib
     _lib = lib
-    engine.on_clear(_invalidate_replays)
+    on_memory_released(_invalidate_replays)
 
 
 @contextlib.contextmanager
@@ -239,7 +241,9 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
         k.repeats[raw] = (key[2], runner, dict(ptrs), out_specs, derived_key)
         ptrs.update(out_ptrs)
         keep = getattr(_lib, "jitops_ort_keep_replay", None)
-        launches: list | None = [] if keep is not None and runner.replayable and all(out_ptrs.values()) else None
+        # derived data is kept (and a replay may skip its prepare launches) only under a derived key
+        launches: list | None = [] if keep is not None and runner.replayable and all(out_ptrs.values()) and (
+            derived_key is not None or not derived) else None
         runner(ptrs, stream or 0, derived_key, launches)
         if launches:
             blob = replay_blob(launches, out_specs)

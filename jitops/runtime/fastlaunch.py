@@ -59,11 +59,23 @@ def native_launcher(quiet: bool = False) -> ModuleType | None:
     return _module
 
 
+_released_listeners: list[Callable[[], None]] = []
+
+
 def memory_released() -> None:
-    """Memory a RepeatCall may remember (derived data, per-stream scratch) was freed: every RepeatCall
-    forgets what it remembered (the next call asks Python again)."""
+    """Memory a launcher outside Python may remember (derived data, per-stream scratch, a dropped
+    plan's workspaces) was freed or refilled: every RepeatCall forgets what it remembered (the next
+    call asks Python again), and so does every listener (on_memory_released)."""
     if _module is not None and hasattr(_module, "memory_released"):
         _module.memory_released()
+    for tell in list(_released_listeners):
+        tell()
+
+
+def on_memory_released(tell: Callable[[], None]) -> None:
+    """Call `tell()` at every memory_released (the ONNX Runtime library's node replays)."""
+    if tell not in _released_listeners:
+        _released_listeners.append(tell)
 
 
 def source_digest() -> str:
