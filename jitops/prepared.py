@@ -94,7 +94,7 @@ class Prepared:
     backend: Any = None                   # owner of the persistent and derived memory
     stream_scratch: "StreamScratch | None" = None   # run_pointers' per-call workspaces, per stream
     runner: Any = None                    # pointer_runner's function, made on first use
-    alignment: dict[str, tuple[int, str]] = field(default_factory=dict)  # buffer -> (bytes, kernel): see required_alignment
+    alignment: dict[str, tuple[int, str]] = field(default_factory=dict)  # buffer -> (bytes, kernel): required_alignment
 
 
 def kernel_source(device: DeviceInfo, launch: Launch) -> str:

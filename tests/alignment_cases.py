@@ -102,7 +102,8 @@ def _skip_norm_inputs(rms: bool) -> Callable[[str], dict]:
 
 
 def _attention_inputs(dtype: Any) -> Callable[[str], dict]:
-    return lambda device: {"q": rand(device, 1, 2, 40, 64, dtype=dtype), "k": rand(device, 1, 2, 48, 64, dtype=dtype, seed=1),
+    return lambda device: {"q": rand(device, 1, 2, 40, 64, dtype=dtype),
+                           "k": rand(device, 1, 2, 48, 64, dtype=dtype, seed=1),
                            "v": rand(device, 1, 2, 48, 64, dtype=dtype, seed=2)}
 
 
@@ -110,7 +111,8 @@ def _bn_inputs(device: str) -> dict:
     return {"x": rand(device, 2, 16, 4, 4, channels_last=True),
             "mean": rand(device, 16, dtype=torch.float32, scale=0.3, seed=1),
             "var": rand(device, 16, dtype=torch.float32, seed=2).abs() + 0.5,
-            "gamma": rand(device, 16, dtype=torch.float32, seed=3), "beta": rand(device, 16, dtype=torch.float32, seed=4)}
+            "gamma": rand(device, 16, dtype=torch.float32, seed=3),
+            "beta": rand(device, 16, dtype=torch.float32, seed=4)}
 
 
 def _gn_inputs(cl: bool) -> Callable[[str], dict]:

@@ -21,7 +21,7 @@ from jitops.ops.base import TensorSpec
 from jitops.runtime import use_backend
 from jitops.runtime.cpu_backend import CpuBackend
 
-from alignment_cases import CASES, check, moved, rand, torch  # noqa: E402  (skips the module without torch)
+from alignment_cases import CASES, check, moved, torch  # noqa: E402  (skips the module without torch)
 
 BY_NAME = {c.name: c for c in CASES}
 
@@ -165,8 +165,39 @@ def test_host_arrays_repeat_calls_stage_moved_arrays(align_emu):
     np.testing.assert_allclose(jitops.conv2d(x, w, padding=1, groups=16, residual=rm), ref, rtol=2e-3, atol=2e-3)
 
 
+def _declared(problem, schedule, device) -> dict[str, int]:
+    from jitops.ops import get_op
+    from jitops.prepared import required_alignment
+    plan = get_op("conv2d").plan(problem, schedule, device)
+    return {n: need for n, (need, _) in required_alignment(problem, plan).items()}
+
+
+def test_hopper_wgmma_plans_declare_their_vectors():
+    """The sm_90 kernels the emulator cannot run (wgmma), by their plans: x read in place by 16-byte
+    cp.async chunks (NHWC) or 2 x CHUNK bytes of pixels (the NCHW 1x1 kernel), y and residual by
+    16-byte epilogue stores (8-byte halves where H * W % 8 == 4), bias in the NHWC epilogue."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops.conv2d import make_problem
+    from jitops.ops.conv2d_wgmma import schedule
+    dev = KNOWN_TARGETS["sm_90"]
+
+    def problem(layout: str, hw: int, k: int) -> object:
+        x = (2, 64, hw, hw)
+        return make_problem({"x": TensorSpec(x, "float16", layout), "w": TensorSpec((64, 64, k, k), "float16"),
+                             "bias": TensorSpec((64,), "float16"), "residual": TensorSpec(x, "float16", layout)},
+                            {"padding": k // 2, "activation": "relu"})
+    every = {"x": 16, "bias": 16, "residual": 16, "y": 16}
+    assert _declared(problem("nhwc", 8, 3), schedule(128, 128, 4, 0), dev) == every
+    assert _declared(problem("nhwc", 8, 3), schedule(128, 128, 3, 0, persistent=True), dev) == every
+    assert _declared(problem("", 8, 3), schedule(128, 128, 4, 0), dev) == {"residual": 16, "y": 16}   # x copied
+    assert _declared(problem("", 6, 3), schedule(128, 128, 4, 0), dev) == {}      # 36 pixels: scalar stores
+    assert _declared(problem("", 8, 1), schedule(128, 64, 4, 0, b_nchw=True), dev) == {"x": 16, "residual": 16, "y": 16}
+    assert _declared(problem("", 6, 1), schedule(128, 64, 4, 0, b_nchw=True), dev) == {"x": 8, "residual": 8, "y": 8}
+    split = _declared(problem("nhwc", 8, 3), schedule(128, 128, 4, 0, split_k=2), dev)
+    assert split == {"x": 16}                   # the split-K reduction stores y one element at a time
+
+
 def test_cases_cover_the_refusing_kernels():
     """Every conv2d kernel that declares an alignment has a case here (and in the GPU test)."""
     assert {c.name for c in CASES if c.may_refuse} >= {"conv2d_depthwise_nchw", "conv2d_depthwise_nhwc",
                                                         "conv2d_stem_nhwc", "conv2d_mma_nhwc", "conv2d_mma_nchw_1x1"}
-    assert rand("cpu", 3).dtype == torch.float16
