@@ -89,6 +89,9 @@ class BoundPlan:
         def slots(step: Any) -> list:
             return [(s.index, position.get(s.buffer, s.buffer), (s.nbytes, s.itemsize)) for s in step.slots]
 
+        # Inputs and outputs a kernel reads or writes in vectors with no unaligned path: (position,
+        # bytes). A call whose array misses it takes the general path (an error, or host staging).
+        self.aligned = [(position[n], need) for n, (need, _) in prepared.alignment.items() if n in position]
         self.steps = [(s, slots(s)) for s in prepared.steps]
         self.prepare_steps = [(s, slots(s)) for s in prepared.prepare_steps]
         self.temps = [w for w in plan.workspaces if not w.persistent]
@@ -125,9 +128,12 @@ class BoundPlan:
                               "memmove": ctypes.memmove}
         lines = ["def fast(inputs, out):"]
         ptr = "{}.data_ptr()" if self.is_torch else "{}.ctypes.data"
+        need = dict(self.aligned)
         for k in range(self.input_count):
             lines.append(f"    a{k} = inputs[{k}]")
             lines.append(f"    p{k} = {ptr.format(f'a{k}')} if a{k} is not None else 0")
+            if k in need:
+                lines.append(f"    if p{k} % {need[k]}:\n        raise NoFastPath")
         names = []
         for j, (name, spec, expected, like) in enumerate(self.outputs):
             k = self.input_count + j
@@ -139,6 +145,8 @@ class BoundPlan:
                       f"    elif signature(o{j}) != expected{j}:",
                       "        raise NoFastPath",
                       f"    p{k} = {ptr.format(f'o{j}')}"]
+            if k in need:
+                lines.append(f"    if p{k} % {need[k]}:\n        raise NoFastPath")
             names.append(f"o{j}")
         lines += ["    s = stream_of()", "    with lock:"]
         for n, (step, slots) in enumerate(self.steps):
@@ -223,12 +231,12 @@ class BoundPlan:
             fails[index](rc, params, stream)
 
         stream_fn, stream_arg = self.stream_parts
-        extra: list[Any] = [None, (), 0, None, 0]
+        extra: list[Any] = [None, (), 0, None, 0, [(k, need) for k, need in self.aligned if k < self.input_count]]
         if derived_names:
             extra[:3] = [self._derive_for_native(derived_names, scratch_names), self.fingerprint_inputs_native,
                          len(derived_names)]
         if scratch_names:
-            extra[3:] = [self._scratch_for_native(scratch_names), len(scratch_names)]
+            extra[3:5] = [self._scratch_for_native(scratch_names), len(scratch_names)]
         return module.RepeatCall(self.input_count, outputs, stream_fn, stream_arg, fail, steps, expect, *extra)
 
     # RepeatCall's callbacks hold the bound call weakly: RepeatCall takes no part in garbage collection,
@@ -292,6 +300,9 @@ class BoundPlan:
                 raise NoFastPath   # the general path explains what is wrong with `out`
             outs.append(obj)
             ptrs.append(pointer(obj))
+        for k, need in self.aligned:
+            if ptrs[k] % need:
+                raise NoFastPath   # the general path stages a host array or names the argument
         stream = self.stream()
         if not self.temps and not self.prepare_steps and not self.kept:
             with self.lock:

@@ -24,6 +24,7 @@ ENV_CACHE_DIR = "JITOPS_CACHE_DIR"      # binary cache + user tuning records
 ENV_DUMP_DIR = "JITOPS_DUMP_DIR"        # write every rendered source here
 ENV_CPU_WARP_SIZE = "JITOPS_CPU_WARP_SIZE"
 ENV_CPU_CHECK = "JITOPS_CPU_CHECK"      # bounds / deadlock checking in the emulator
+ENV_CPU_CHECK_ALIGNMENT = "JITOPS_CPU_CHECK_ALIGNMENT"   # the emulator traps misaligned (vector) accesses
 ENV_CPU_THREADS = "JITOPS_CPU_THREADS"  # worker threads of the emulator
 ENV_BUNDLE = "JITOPS_BUNDLE"            # load a compiled bundle at import
 ENV_NO_CACHE = "JITOPS_NO_DISK_CACHE"   # 1: never read or write the disk cache

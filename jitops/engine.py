@@ -22,9 +22,9 @@ from .bound_plan import BoundPlan, NoFastPath, signature, torch_identity
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
 from .pointer_runner import pointer_runner, run_pointers  # noqa: F401  (part of the engine's API)
-from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, backend_scratch, bind,  # noqa: F401
-                       bind_and_launch, clear_prepared, compile_problem, generation, kernel_source,
-                       persistent_workspace, prepare, prepare_for, select_schedule)
+from .prepared import (CompiledKernel, Prepared, Slot, Step, StreamScratch, _cache, alignment_error,  # noqa: F401
+                       backend_scratch, bind, bind_and_launch, clear_prepared, compile_problem, generation,
+                       kernel_source, misaligned, persistent_workspace, prepare, prepare_for, select_schedule)
 from .runtime import current_backend
 from .runtime.base import Backend
 
@@ -200,7 +200,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     for name, spec in out_specs.items():
         given = (out or {}).get(name)
         if given is not None:
-            ref = arrays.wrap(given, f"out[{name!r}]" if len(out_specs) > 1 else "out", p.op, spec.layout)
+            ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
             if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout:
                 raise ArgumentError("out", f"shape {spec.storage_shape}{' (N, H, W, C)' if spec.layout else ''} "
                                     f"and dtype {spec.dtype}",
@@ -211,7 +211,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
         else:
             obj, ptr = arrays.allocate_like(primary, spec.shape, spec.dtype, backend, spec.layout)
         results[name] = obj
-        if needs_staging:
+        if needs_staging or (host and _misses(p, name, ptr)):
             dptr = backend.alloc(spec.nbytes)
             staged.append(dptr)
             host_arr = arrays.host_storage(obj)
@@ -221,7 +221,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
 
     try:
         for name, ref in refs.items():
-            if needs_staging:
+            if needs_staging or (host and _misses(p, name, ref.ptr)):
                 dptr = backend.alloc(ref.nbytes)
                 staged.append(dptr)
                 if ref.nbytes:
@@ -229,6 +229,8 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
                 ptrs[name] = dptr
             else:
                 ptrs[name] = ref.ptr
+        for name in misaligned(p, ptrs):     # device arrays: refused here, before any launch
+            raise alignment_error(p, name, ptrs[name], _out_argument(name, out_specs) if name in out_specs else name)
         with p.lock:     # workspaces too: a per-stream one is zeroed and used by one call at a time
             for ws in p.plan.workspaces:
                 if not ws.derived_from:
@@ -246,6 +248,22 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             backend.free(dptr)
     values = [results[n] for n in out_specs]
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _out_argument(name: str, out_specs: Mapping[str, Any]) -> str:
+    """How the caller knows output `name`: `out`, or `out['sum']` where there are several."""
+    return f"out[{name!r}]" if len(out_specs) > 1 else "out"
+
+
+def _misses(p: Prepared, name: str, ptr: int) -> bool:
+    """Whether host array `name` at `ptr` misses the alignment p's kernels need, and so is staged
+    through aligned memory (as host arrays always are on a GPU): it works on every backend."""
+    need = p.alignment.get(name)
+    if need is None or ptr % need[0] == 0:
+        return False
+    log.debug("%s: '%s' is %d bytes off the %d-byte alignment of %s: staged through an aligned copy",
+              p.op, name, ptr % need[0], need[0], need[1])
+    return True
 
 
 def _workspace(p: Prepared, ws: Any, backend: Backend, primary: arrays.ArrayRef, keep: dict,

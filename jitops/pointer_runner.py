@@ -10,8 +10,8 @@ from typing import Any, Callable, Mapping
 
 from .ops import get_op
 from .ops.base import Schedule, TensorSpec, frozen_items
-from .prepared import (Prepared, _cache, backend_scratch, bind_and_launch, persistent_workspace, prepare,
-                       prepare_for)
+from .prepared import (Prepared, _cache, alignment_error, backend_scratch, bind_and_launch, persistent_workspace,
+                       prepare, prepare_for)
 from .runtime import current_backend
 from .runtime.base import Backend
 
@@ -66,7 +66,12 @@ def _make_pointer_runner(p: Prepared, specs: Mapping[str, TensorSpec | None], ba
         p.stream_scratch = backend_scratch(scratch_ws, backend)
         p.backend = p.backend or backend
 
+    aligned = tuple((name, need) for name, (need, _) in p.alignment.items())
+
     def run(ptrs: Mapping[str, int], stream: int, derived_key: Any = None, replay: list | None = None) -> None:
+        for name, need in aligned:      # a GPU faults on a misaligned vector access: say so first
+            if ptrs.get(name, 0) % need:
+                raise alignment_error(p, name, ptrs[name])
         full = dict(ptrs)
         with p.lock:
             for ws in persistent:

@@ -95,6 +95,7 @@ class Prepared:
     backend: Any = None                   # owner of the persistent and derived memory
     stream_scratch: "StreamScratch | None" = None   # run_pointers' per-call workspaces, per stream
     runner: Any = None                    # pointer_runner's function, made on first use
+    alignment: dict[str, tuple[int, str]] = field(default_factory=dict)  # buffer -> (bytes, kernel): required_alignment
 
 
 def kernel_source(device: DeviceInfo, launch: Launch) -> str:
@@ -157,6 +158,34 @@ def _buffer_sizes(problem: Any, plan: Plan) -> dict[str, tuple[int, int]]:
     return sizes
 
 
+def required_alignment(problem: Any, plan: Plan) -> dict[str, tuple[int, str]]:
+    """Input or output -> (bytes, kernel): the address alignment the plan's kernels need of it
+    beyond its elements' own (Buf.align: vector accesses with no unaligned path), the largest over
+    its launches. Workspaces are left out: the engine allocates them aligned."""
+    io = {n for n, spec in {**problem.inputs(), **problem.outputs()}.items() if spec is not None}
+    need: dict[str, tuple[int, str]] = {}
+    for launch in (*plan.prepare, *plan.launches):
+        for a in launch.args:
+            if isinstance(a, Buf) and a.name in io and a.align > need.get(a.name, (1, ""))[0]:
+                need[a.name] = (a.align, launch.kernel)
+    return need
+
+
+def misaligned(p: Prepared, pointers: Mapping[str, int]) -> list[str]:
+    """The buffers whose pointers miss the alignment p's kernels need (a modulo per such buffer)."""
+    return [name for name, (need, _) in p.alignment.items() if pointers.get(name, 0) % need]
+
+
+def alignment_error(p: Prepared, name: str, ptr: int, argument: str | None = None) -> ArgumentError:
+    """What a caller is told for an array whose address a vector kernel cannot use (on a GPU the
+    launch would fault and take the context with it)."""
+    need, kernel = p.alignment[name]
+    return ArgumentError(argument or name, f"a data pointer aligned to {need} bytes (the {p.schedule.algorithm} "
+                         f"kernel {kernel} accesses it {need} bytes at a time)",
+                         f"one {ptr % need} bytes past a {need}-byte boundary (a view at an offset into its "
+                         f"storage?); pass an aligned array: a fresh one, or a copy (torch: .clone())", op=p.op)
+
+
 def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule | str | None = None) -> Prepared:
     sched, origin = select_schedule(op, problem, backend.device, schedule)
     plan = op.plan(problem, sched, backend.device)
@@ -167,7 +196,8 @@ def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule |
     log.debug("%s %s -> %s [%s]", op.NAME, problem.key(), sched, origin)
     derived = DerivedCache(plan.workspaces, backend) if any(w.derived_from for w in plan.workspaces) else None
     itemsizes = {n: size[1] for n, size in sizes.items()}
-    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, itemsizes, derived=derived, backend=backend)
+    return Prepared(op.NAME, problem, sched, origin, plan, steps, prep, itemsizes, derived=derived, backend=backend,
+                    alignment=required_alignment(problem, plan))
 
 
 # ---------------------------------------------------------------- the cache of prepared plans

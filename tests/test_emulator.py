@@ -1,5 +1,6 @@
 """The CPU emulator: block barriers, warp operations for 32 and 64 lanes, shared memory,
-atomics, and the planted bugs checked mode must catch (off-by-one store, divergent barrier)."""
+atomics, and the planted bugs checked mode must catch (off-by-one store, divergent barrier), and
+the misaligned vector access its alignment check must catch (x86 performs it, a GPU faults)."""
 from __future__ import annotations
 
 import time
@@ -205,6 +206,40 @@ def test_unchecked_mode_runs_and_warp_size_from_env(monkeypatch):
     out = np.zeros(3, np.float32)
     launch(be, BLOCK_SUM, "block_sum", (3, 1, 1), (128, 1, 1), [("ptr", x), ("ptr", out), ("i32", 500)])
     np.testing.assert_allclose(out, x.sum(1), rtol=1e-5)
+
+
+VECTOR_COPY = r"""
+JT_KERNEL void vector_copy(const float* x, float* y, int offset) {
+  typedef jt_vec<float, 4> F4;                  // 16 bytes: a GPU needs a 16-byte aligned address
+  reinterpret_cast<F4*>(y)[threadIdx.x] = reinterpret_cast<const F4*>(x + offset)[threadIdx.x];
+}
+"""
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["plain", "alignment_check"])
+def test_alignment_check_traps_misaligned_vectors(check):
+    """A 16-byte vector at a 4-byte boundary: a GPU faults; x86 may copy it or fault without an
+    address (an aligned SSE access, depending on the compiler); the alignment-checked build always
+    reports it, with kernel, block and thread."""
+    be = get_backend("cpu", warp_size=32, checked=True, check_alignment=check)
+    assert ("-fsanitize=alignment" in be.compile_options()) == check
+    x = np.arange(260, dtype=np.float32)
+    y = np.zeros(256, np.float32)
+    assert x.ctypes.data % 16 == 0 and y.ctypes.data % 16 == 0
+    args = [("ptr", x, "x"), ("ptr", y, "y"), ("i32", 0)]
+    launch(be, VECTOR_COPY, "vector_copy", (1, 1, 1), (64, 1, 1), args)      # aligned: fine either way
+    np.testing.assert_array_equal(y, x[:256])
+    args[2] = ("i32", 1)
+    if not check:       # either x86 copies it, or (an aligned SSE access) it faults without an address
+        try:
+            launch(be, VECTOR_COPY, "vector_copy", (1, 1, 1), (64, 1, 1), args)
+        except EmulatorFault as exc:
+            assert "general-protection fault" in str(exc) and "misaligned" in str(exc)
+        else:
+            np.testing.assert_array_equal(y, x[1:257])
+        return
+    with pytest.raises(EmulatorFault, match=r"vector_copy: misaligned access in block \(0,0,0\) thread \(0,0,0\)"):
+        launch(be, VECTOR_COPY, "vector_copy", (1, 1, 1), (64, 1, 1), args)
 
 
 def test_matrix_cores_absent():

@@ -106,9 +106,21 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Buf:
-    """A tensor argument: an input, an output or a workspace, by name."""
+    """A tensor argument: an input, an output or a workspace, by name.
+
+    align: the byte alignment the kernel needs for this buffer's address where it reads or writes
+    it in vectors with no unaligned path (e.g. 16 for 8 fp16 outputs stored at once); 0 where its
+    elements' own alignment does. The engine refuses (or stages) a user array that misses it: a
+    GPU faults on a misaligned vector access instead of reporting it."""
 
     name: str
+    align: int = 0
+
+
+def vector_buf(name: str, elements: int, itemsize: int) -> Buf:
+    """Buf `name` that a kernel accesses `elements` at a time (one jt_vec) with no unaligned path:
+    its address must be a multiple of their bytes."""
+    return Buf(name, align=elements * itemsize if elements > 1 else 0)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
+from .base import C_TYPE, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type, vector_buf
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "depthwise"
@@ -112,8 +112,14 @@ def plan_depthwise(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
               "has_bias": p.has_bias, "has_residual": p.has_residual, "activation": p.activation,
               "row_vectors": not nhwc and cols > 1 and p.ow % cols == 0 and cols * p.itemsize <= 16}
     weights = Buf("dw_w") if nhwc else Buf("w")
-    args = (Buf("x"), weights, *((Buf("bias"),) if p.has_bias else ()),
-            *((Buf("residual"),) if p.has_residual else ()), Buf("y"), Scalar(scalar, total),
+    # Vectors with no unaligned path: NHWC, `vec` channels of x, bias, residual and y; NCHW with
+    # row_vectors, a thread's row of `cols` outputs (residual and y).
+    chans = vec if nhwc else 1
+    row = cols if params["row_vectors"] else chans
+    args = (vector_buf("x", chans, p.itemsize), weights,
+            *((vector_buf("bias", chans, p.itemsize),) if p.has_bias else ()),
+            *((vector_buf("residual", row, p.itemsize),) if p.has_residual else ()),
+            vector_buf("y", row, p.itemsize), Scalar(scalar, total),
             *(Scalar("i32", v) for v in (p.cin, p.h, p.w, p.oh, p.ow)), Scalar("f32", p.alpha))
     launch = Launch.make("conv2d/depthwise.hip.j2", "conv2d_depthwise", params, (ceil_div(total, block),),
                          (block,), args)

@@ -230,9 +230,11 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     params = {**params, "ctype": ctype, "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
               "out_nhwc": out_nhwc, "vec_out": vec_out, "split_k": not fused, "pointwise": p.is_pointwise}
-    outs = (Buf("y"),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
-    args = (Buf("x_nhwc" if copy else "x"), Buf("packed_w"), *((Buf("bias"),) if p.has_bias and fused else ()),
-            *((Buf("residual"),) if p.has_residual and fused else ()), *outs,
+    x_align, out_align, bias_align = _vector_bytes(p, params, vec_out)
+    outs = (Buf("y", align=out_align),) if fused else (Buf("partial"), Scalar("i32", np_), Scalar("i32", kt_per_split))
+    args = (Buf("x_nhwc") if copy else Buf("x", align=x_align), Buf("packed_w"),
+            *((Buf("bias", align=bias_align),) if p.has_bias and fused else ()),
+            *((Buf("residual", align=out_align),) if p.has_residual and fused else ()), *outs,
             *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, p.h, p.w, p.oh, p.ow, p.kh, p.kw,
                                          p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
                                          p.dilation[1])),
@@ -266,6 +268,18 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
         workspaces.append(Workspace("partial", partial * 4))
         launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=out_nhwc))
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def _vector_bytes(p: Conv2dProblem, params: dict, vec_out: bool) -> tuple[int, int, int]:
+    """The alignment (bytes) the GEMM kernels' vector accesses with no unaligned path need of x read
+    in place, of y and residual, and of bias: 16-byte cp.async chunks of x (NHWC channels; `a_nchw` /
+    the wgmma 1x1 kernel: 2 * chunk bytes of pixels), 16-byte epilogue stores of 8 outputs (vec_out;
+    the wgmma 1x1 kernel: 2 * CHUNK bytes), bias as 8 channels at once in the NHWC epilogue."""
+    if "CHUNK" in params:                       # wgmma_nchw.hip.j2: pixels per copy and per store
+        return 2 * params["CHUNK"], 2 * params["CHUNK"], 0
+    x_align = 2 * params["a_chunk"] if params.get("a_nchw") else 16
+    out_align = 16 if vec_out else 0
+    return x_align, out_align, out_align if p.layout == "nhwc" else 0
 
 
 def _split_options(p: Conv2dProblem, tile: tuple[int, ...], device: DeviceInfo) -> list[int]:

@@ -325,7 +325,7 @@ def weights_from_ohwi(p: Conv2dProblem, inner: Plan) -> Plan:
 
 
 def _renamed(launch: Launch, names: dict[str, str]) -> Launch:
-    args = tuple(Buf(names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
+    args = tuple(replace(a, name=names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
     return replace(launch, args=args)
 
 

@@ -92,9 +92,10 @@ def plan_stem(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
               "kw": p.kw, "stride": p.stride, "pad": p.pad[:2], "dilation": p.dilation, "x_nhwc": nhwc,
               "vec_out": nhwc and p.cout % 8 == 0 and cot % 8 == 0, "unroll_taps": p.kh * p.kw <= 25,
               "has_bias": p.has_bias, "has_residual": p.has_residual, "activation": p.activation}
+    out_align = 16 if params["vec_out"] else 0          # NHWC: 8 channels of residual and y at once
     args = (Buf("x"), Buf("w"), *((Buf("bias"),) if p.has_bias else ()),
-            *((Buf("residual"),) if p.has_residual else ()), Buf("y"),
-            Scalar("i32" if idx == "int" else "i64", p.pixels),
+            *((Buf("residual", align=out_align),) if p.has_residual else ()),
+            Buf("y", align=out_align), Scalar("i32" if idx == "int" else "i64", p.pixels),
             *(Scalar("i32", v) for v in (p.cout, p.h, p.w, p.oh, p.ow)), Scalar("f32", p.alpha))
     grid = (ceil_div(p.pixels, block), ceil_div(p.cout, cot))
     return Plan(launches=(Launch.make("conv2d/stem.hip.j2", "conv2d_direct_stem", params, grid, (block,), args),))

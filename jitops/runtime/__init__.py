@@ -60,6 +60,8 @@ def _cached(name: str, target: str | None, options: dict[str, Any]) -> Backend:
             options["warp_size"] = int(os.environ.get(config.ENV_CPU_WARP_SIZE) or 32)
         if "checked" not in options:
             options["checked"] = config.env_flag(config.ENV_CPU_CHECK)
+        if "check_alignment" not in options:
+            options["check_alignment"] = config.env_flag(config.ENV_CPU_CHECK_ALIGNMENT)
     key = (name, target, tuple(sorted(options.items())))
     with _lock:
         inst = _instances.get(key)
@@ -76,7 +78,8 @@ def _env_key() -> tuple:
     """The variables the default backend depends on (the emulator's only when it is the emulator)."""
     name = os.environ.get(config.ENV_BACKEND) or None
     if name == "cpu" or (name is None and _default is not None and _default[1].name == "cpu"):
-        return (name, os.environ.get(config.ENV_CPU_WARP_SIZE), os.environ.get(config.ENV_CPU_CHECK))
+        return (name, os.environ.get(config.ENV_CPU_WARP_SIZE), os.environ.get(config.ENV_CPU_CHECK),
+                os.environ.get(config.ENV_CPU_CHECK_ALIGNMENT))
     return (name,)
 
 

@@ -2,7 +2,9 @@
 
 GPU threads run as fibers (see emu/jitops_emu_runtime.cpp), so __syncthreads() and warp
 shuffles behave as on a GPU, with a warp of 32 or 64 lanes. Checked mode guards every buffer
-and shared array and reports out-of-bounds accesses and barrier deadlocks.
+and shared array and reports out-of-bounds accesses and barrier deadlocks. The alignment check
+(kernels built with the compiler's alignment sanitizer, trapping) reports a misaligned vector
+access, which x86 performs silently and a GPU faults on.
 """
 from __future__ import annotations
 
@@ -56,12 +58,15 @@ class CpuBackend(Backend):
     _runtime_lock = threading.Lock()
     _runtime: dict[str, ctypes.CDLL] = {}
 
-    def __init__(self, warp_size: int | None = None, checked: bool | None = None, workers: int | None = None):
+    def __init__(self, warp_size: int | None = None, checked: bool | None = None, workers: int | None = None,
+                 check_alignment: bool | None = None):
         if warp_size is None:
             warp_size = int(os.environ.get(config.ENV_CPU_WARP_SIZE, "32"))
         if warp_size not in (32, 64):
             raise BackendUnavailable(f"cpu backend: warp_size must be 32 or 64, got {warp_size}")
         self.checked = config.env_flag(config.ENV_CPU_CHECK) if checked is None else bool(checked)
+        self.check_alignment = (config.env_flag(config.ENV_CPU_CHECK_ALIGNMENT) if check_alignment is None
+                                else bool(check_alignment))
         self.workers = workers or int(os.environ.get(config.ENV_CPU_THREADS, "0") or 0) or (os.cpu_count() or 1)
         self.stack_kb = int(os.environ.get(config.ENV_CPU_STACK_KB, "64"))
         self.cxx = find_compiler(cxx=True)
@@ -85,8 +90,11 @@ class CpuBackend(Backend):
         return f"{self._cxx_version} emu-{self._emu_hash}"
 
     def compile_options(self) -> tuple[str, ...]:
-        return ("-std=c++17", "-O2", "-fPIC", "-shared", "-U_FORTIFY_SOURCE", "-fno-strict-aliasing",
+        base = ("-std=c++17", "-O2", "-fPIC", "-shared", "-U_FORTIFY_SOURCE", "-fno-strict-aliasing",
                 "-w", "-fvisibility=hidden")
+        if self.check_alignment:    # a trap (SIGILL, reported by the runtime) per misaligned typed access
+            return base + ("-fsanitize=alignment", "-fsanitize-undefined-trap-on-error")
+        return base
 
     @property
     def binary_format(self) -> str:

@@ -8,6 +8,9 @@
 // - Checked mode copies every buffer argument into memory whose end touches a PROT_NONE guard
 //   region, and does the same for shared memory, so an out-of-bounds access faults; the fault
 //   handler reports kernel, block, thread and offset, and the launch is abandoned.
+// - Kernels built with the alignment check (CpuBackend(check_alignment=True)) trap on a typed
+//   access whose address is not a multiple of its type's alignment (a 16-byte vector at a 4-byte
+//   boundary), where x86 would silently go on and a GPU faults; the trap is reported the same way.
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -407,7 +410,7 @@ void free_region(Region* r) {
 }
 
 std::mutex g_signal_mu;
-struct sigaction g_old_segv, g_old_bus;
+struct sigaction g_old_segv, g_old_bus, g_old_ill;
 int g_signal_users = 0;
 
 const char* is_write_kind(const char* rw) {
@@ -418,7 +421,7 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
   Worker* w = tls_worker;
   if (!w || !w->in_block) {
     // Not ours: hand over to whatever was installed before.
-    struct sigaction* old = sig == SIGSEGV ? &g_old_segv : &g_old_bus;
+    struct sigaction* old = sig == SIGSEGV ? &g_old_segv : sig == SIGBUS ? &g_old_bus : &g_old_ill;
     sigaction(sig, old, nullptr);
     raise(sig);
     return;
@@ -452,6 +455,16 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
       snprintf(what, sizeof what, "fiber stack of %zu KiB exhausted (set JITOPS_CPU_STACK_KB)", w->stack_bytes / 1024);
     }
   }
+  if (sig == SIGSEGV && info->si_code == SI_KERNEL) {  // x86 #GP: no address
+    kind = "general-protection fault";
+    snprintf(what, sizeof what, "no address reported; the usual cause is a misaligned 16-byte vector access "
+             "(an aligned SSE load or store), which a GPU faults on too");
+  }
+  if (sig == SIGILL) {  // the alignment check's trap (ud2): si_addr is the instruction, not the data
+    kind = "misaligned access";
+    snprintf(what, sizeof what, "a load or store whose address is not a multiple of its type's alignment "
+             "(e.g. a 16-byte vector at a 4-byte boundary: a GPU faults there); or an illegal instruction");
+  }
   jt_dim3 b = w->tls.block_idx, t = w->tls.thread_idx;
   fail(L, "%s: %s in block (%u,%u,%u) thread (%u,%u,%u): %s", c->kernel, kind, b.x, b.y, b.z, t.x, t.y, t.z, what);
   siglongjmp(w->abort_env, 1);
@@ -467,6 +480,7 @@ void install_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &g_old_segv);
   sigaction(SIGBUS, &sa, &g_old_bus);
+  sigaction(SIGILL, &sa, &g_old_ill);
 }
 
 void remove_handlers() {
@@ -474,6 +488,7 @@ void remove_handlers() {
   if (--g_signal_users > 0) return;
   sigaction(SIGSEGV, &g_old_segv, nullptr);
   sigaction(SIGBUS, &g_old_bus, nullptr);
+  sigaction(SIGILL, &g_old_ill, nullptr);
 }
 
 // ---------------------------------------------------------------- workers

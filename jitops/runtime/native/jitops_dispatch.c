@@ -268,7 +268,7 @@ static PyObject* dispatch_add(Dispatch* self, PyObject* args) {
 }
 
 /* The repeat call of `d` for (backend, inputs, attrs), run: 1 with *result set (the outputs), 0 no
- * entry matches (or an input is strided), -1 error. */
+ * entry matches (or an input is strided, or misses the alignment its kernel needs), -1 error. */
 int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* attrs, PyObject** result) {
   Dispatch* self = (Dispatch*)d;
   PyObject* found = NULL;
@@ -306,6 +306,10 @@ int jt_dispatch_run(PyObject* d, PyObject* backend, PyObject* inputs, PyObject* 
   if (found == NULL) return 0;
   *result = jt_fastcall_run(found, inputs);
   m = *result == NULL ? -1 : 1;
+  if (*result == Py_NotImplemented) { /* a misaligned input: the Python path explains */
+    Py_CLEAR(*result);
+    m = 0;
+  }
   Py_DECREF(found);
   return m;
 }

@@ -13,7 +13,11 @@
  *
  * Derived data is remembered by the derived-from inputs' pointers and version counters (torch
  * bumps the counter on every in-place change) and guarded by weak references to those inputs: a
- * pointer names the same contents only while the tensor it came from is alive. */
+ * pointer names the same contents only while the tensor it came from is alive.
+ *
+ * Inputs that a kernel reads in vectors with no unaligned path carry an alignment: an input whose
+ * address misses it (a view at an offset) is not run here (NotImplemented: the caller takes the
+ * Python path, which says what is wrong), before anything is allocated or launched. */
 #include "jitops_native.h"
 
 #include <stdint.h>
@@ -111,6 +115,8 @@ typedef struct {
   Py_ssize_t n_scratch;
   fc_scratch scr[FC_STREAMS];
   Py_ssize_t scr_next;
+  Py_ssize_t n_align, align_index[FC_MAX_PTRS]; /* inputs with an alignment ... */
+  unsigned long long align_mask[FC_MAX_PTRS];   /* ... and its bytes - 1 */
 } RepeatCall;
 
 static void fc_forget_memo(RepeatCall* self) {
@@ -193,7 +199,7 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
 }
 
 /* RepeatCall(n_inputs, outputs, stream_fn, stream_arg, fail, steps, expect,
- *          derive=None, fingerprint=(), n_derived=0, scratch=None, n_scratch=0)
+ *          derive=None, fingerprint=(), n_derived=0, scratch=None, n_scratch=0, align=[])
  *   outputs:  [(allocator, input index or -1)]
  *   steps:    [(entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage bytes, [(arg, source)])];
  *             sources count inputs, then outputs, then derived pointers, then scratch pointers
@@ -203,16 +209,39 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
  *   derive(inputs, pointers so far, stream) -> (remember: bool, n_derived pointers): fills (prepare
  *             launches on that stream) or finds the derived data; fingerprint: the input indices
  *             (-1: an absent optional input) it is computed from
- *   scratch(stream) -> n_scratch pointers of per-call scratch for that stream */
+ *   scratch(stream) -> n_scratch pointers of per-call scratch for that stream
+ *   align:    [(input index, bytes: a power of two)]: inputs whose address must be a multiple of it */
+static int fc_init_align(RepeatCall* self, PyObject* align, Py_ssize_t n_inputs) {
+  Py_ssize_t i;
+  if (!PyList_Check(align) || PyList_GET_SIZE(align) > FC_MAX_PTRS) {
+    PyErr_SetString(PyExc_TypeError, "RepeatCall: align is a list of (input index, bytes)");
+    return -1;
+  }
+  for (i = 0; i < PyList_GET_SIZE(align); i++) {
+    Py_ssize_t index;
+    unsigned long long bytes;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(align, i), "nK", &index, &bytes)) return -1;
+    if (index < 0 || index >= n_inputs || bytes == 0 || (bytes & (bytes - 1)) != 0) {
+      PyErr_SetString(PyExc_ValueError, "RepeatCall: an alignment names an input and a power of two");
+      return -1;
+    }
+    self->align_index[i] = index;
+    self->align_mask[i] = bytes - 1;
+  }
+  self->n_align = PyList_GET_SIZE(align);
+  return 0;
+}
+
 static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
   Py_ssize_t n_inputs, i, n_derived = 0, n_scratch = 0, n_ptrs;
   PyObject *outputs, *stream_fn, *stream_arg, *fail, *steps, *expect;
-  PyObject *derive = Py_None, *fingerprint = NULL, *scratch = Py_None;
+  PyObject *derive = Py_None, *fingerprint = NULL, *scratch = Py_None, *align = NULL;
   (void)kwds;
   if (jt_intern_names() < 0) return -1;
-  if (!PyArg_ParseTuple(args, "nOOOOOO|OOnOn", &n_inputs, &outputs, &stream_fn, &stream_arg, &fail, &steps,
-                        &expect, &derive, &fingerprint, &n_derived, &scratch, &n_scratch))
+  if (!PyArg_ParseTuple(args, "nOOOOOO|OOnOnO", &n_inputs, &outputs, &stream_fn, &stream_arg, &fail, &steps,
+                        &expect, &derive, &fingerprint, &n_derived, &scratch, &n_scratch, &align))
     return -1;
+  if (align != NULL && fc_init_align(self, align, n_inputs) < 0) return -1;
   if (!PyList_Check(outputs) || !PyList_Check(steps) || !PyCallable_Check(stream_fn) || !PyCallable_Check(fail) ||
       !PyTuple_Check(expect) || PyTuple_GET_SIZE(expect) != n_inputs) {
     PyErr_SetString(PyExc_TypeError,
@@ -444,7 +473,8 @@ static int fc_derived_for(RepeatCall* self, PyObject* inputs, unsigned long long
   return 0;
 }
 
-/* The call itself: inputs is a tuple whose signature was checked. */
+/* The call itself: inputs is a tuple whose signature was checked. NotImplemented (not run): an
+ * input misses its alignment. */
 static PyObject* fc_run(RepeatCall* self, PyObject* inputs) {
   PyObject* outs[FC_MAX_PTRS];
   unsigned long long ptrs[FC_MAX_PTRS], stream;
@@ -456,6 +486,8 @@ static PyObject* fc_run(RepeatCall* self, PyObject* inputs) {
   }
   for (i = 0; i < self->n_inputs; i++)
     if (fc_pointer(PyTuple_GET_ITEM(inputs, i), &ptrs[i]) < 0) return NULL;
+  for (i = 0; i < self->n_align; i++)
+    if (ptrs[self->align_index[i]] & self->align_mask[i]) Py_RETURN_NOTIMPLEMENTED;
   for (i = 0; i < self->n_outputs; i++) {
     PyObject* o = self->like[i] < 0 ? PyObject_CallObject(self->makers[i], NULL)
                                     : PyObject_CallFunctionObjArgs(self->makers[i],
@@ -491,7 +523,8 @@ done:
   return result;
 }
 
-/* fc(inputs: tuple) -> the output, or a tuple of them (the signature is the caller's business) */
+/* fc(inputs: tuple) -> the output, or a tuple of them (the signature is the caller's business);
+ * NotImplemented for an input that misses its alignment */
 static PyObject* fc_call(RepeatCall* self, PyObject* args, PyObject* kwds) {
   if (kwds != NULL || PyTuple_GET_SIZE(args) != 1 || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
     PyErr_SetString(PyExc_TypeError, "RepeatCall takes one tuple of inputs");

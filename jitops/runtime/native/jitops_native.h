@@ -12,7 +12,8 @@ typedef int (*launch_fn)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigne
 
 /* jitops_fastcall.c: the repeat call of a bound plan. */
 extern PyTypeObject JtRepeatCallType;
-PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs); /* inputs: a tuple of the right signature */
+PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs); /* inputs: a tuple of the right signature;
+                                                                NotImplemented: a misaligned input */
 PyObject* jt_fastcall_expect(PyObject* call);                  /* borrowed: per input None or (type, shape, dtype, device) */
 extern PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version;
 int jt_intern_names(void);
