@@ -275,3 +275,21 @@ def test_activations_that_fit_in_l2_are_timed_warm_and_larger_ones_behind_a_flus
     assert not any(s.get("streaming") for s in op.candidates(small, dev))
     assert any(s.get("streaming") for s in op.candidates(large, dev))
     assert not timed_warm(get_op("conv2d"), None, dev)      # ops without the hook: always flushed
+
+
+def test_channels_last_conv2d_is_checked_in_its_storage_order(cpu):
+    """The tuner copies op.random_inputs to device buffers byte for byte and compares outputs with
+    op.reference the same way, so both work in storage order: an NHWC conv2d's heuristic schedule
+    passes the check (it failed every candidate while conv2d's were NCHW-ordered), and its reference
+    is the NCHW one transposed."""
+    from jitops.tuning.sweep import measure_schedules
+    conv = get_op("conv2d")
+    spec = lambda layout: {"x": TensorSpec((2, 16, 9, 7), "float32", layout), "w": TensorSpec((24, 16, 3, 3), "float32"),
+                           "bias": TensorSpec((24,), "float32"),
+                           "residual": TensorSpec((2, 24, 9, 7), "float32", layout)}
+    nchw, nhwc = (conv.make_problem(spec(layout), {"padding": 1, "activation": "relu"}) for layout in ("", "nhwc"))
+    m, = measure_schedules(conv, nhwc, [conv.heuristic(nhwc, cpu.device)], cpu, reps=2)
+    assert m.time_us is not None and m.max_error <= 1e-6, m.detail
+    a, b = conv.random_inputs(nchw, np.random.default_rng(0)), conv.random_inputs(nhwc, np.random.default_rng(0))
+    assert b["x"].shape == (2, 9, 7, 16) and np.array_equal(b["x"], a["x"].transpose(0, 2, 3, 1))
+    assert np.array_equal(conv.reference(nhwc, b)["y"], conv.reference(nchw, a)["y"].transpose(0, 2, 3, 1))

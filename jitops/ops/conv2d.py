@@ -128,10 +128,23 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
     return out
 
 
+def _logical(a: np.ndarray, nhwc: bool) -> np.ndarray:
+    """An activation in storage order as (N, C, H, W)."""
+    return a.transpose(0, 3, 1, 2) if nhwc else a
+
+
+def _storage(a: np.ndarray, nhwc: bool) -> np.ndarray:
+    """An (N, C, H, W) activation in storage order ((N, H, W, C) for "nhwc")."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if nhwc else a
+
+
 def reference(problem: Conv2dProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 convolution by explicit im2col per group (independent of every kernel here)."""
+    """float64 convolution by explicit im2col per group (independent of every kernel here).
+    Activations (x, residual, y) in storage order, as every op's reference and random_inputs: the
+    tuner copies them to and from device buffers byte for byte."""
     p = problem
-    x = np.asarray(inputs["x"], dtype=np.float64)
+    nhwc = p.layout == "nhwc"
+    x = _logical(np.asarray(inputs["x"], dtype=np.float64), nhwc)
     w = np.asarray(inputs["w"], dtype=np.float64)
     xp = np.pad(x, ((0, 0), (0, 0), (p.pad[0], p.pad[2]), (p.pad[1], p.pad[3])))
     sh, sw = p.stride
@@ -147,24 +160,26 @@ def reference(problem: Conv2dProblem, inputs: Mapping[str, np.ndarray]) -> dict[
     if p.has_bias:
         y += np.asarray(inputs["bias"], dtype=np.float64)[None, :, None, None]
     if p.has_residual:
-        y += np.asarray(inputs["residual"], dtype=np.float64)
+        y += _logical(np.asarray(inputs["residual"], dtype=np.float64), nhwc)
     if p.activation == "relu":
         y = np.maximum(y, 0.0)
     elif p.activation == "leaky_relu":
         y = np.where(y < 0, p.alpha * y, y)
-    return {"y": y}
+    return {"y": _storage(y, nhwc)}
 
 
 def random_inputs(problem: Conv2dProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Unit-normal input; weights scaled by 1/sqrt(fan-in) so outputs stay O(1) at every size."""
+    """Unit-normal input; weights scaled by 1/sqrt(fan-in) so outputs stay O(1) at every size.
+    Activations in storage order ((N, H, W, C) for "nhwc")."""
     p = problem
+    nhwc = p.layout == "nhwc"
     fan_in = p.cin_g * p.kh * p.kw
-    out = {"x": rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(p.dtype),
+    out = {"x": _storage(rng.standard_normal((p.n, p.cin, p.h, p.w)).astype(p.dtype), nhwc),
            "w": (rng.standard_normal((p.cout, p.cin_g, p.kh, p.kw)) / np.sqrt(fan_in)).astype(p.dtype)}
     if p.has_bias:
         out["bias"] = rng.standard_normal(p.cout).astype(p.dtype)
     if p.has_residual:
-        out["residual"] = rng.standard_normal((p.n, p.cout, p.oh, p.ow)).astype(p.dtype)
+        out["residual"] = _storage(rng.standard_normal((p.n, p.cout, p.oh, p.ow)).astype(p.dtype), nhwc)
     return out
 
 
