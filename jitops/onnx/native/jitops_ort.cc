@@ -12,8 +12,9 @@
 //
 // GPU providers: after a call worked out in Python, jitops hands back a replay of it (its launches
 // with their argument values, which arguments are which outputs). A later Compute of the same node
-// with the same input array (pointers, shapes, types) on the same stream, while jitops' plans are
-// unchanged, allocates the outputs and makes those launches from here, without entering Python:
+// with the same input array (pointers, shapes, types) on the same stream, while no memory the replay
+// names was freed or refilled (jitops_ort_invalidate), allocates the outputs and makes those launches
+// from here, without entering Python (ORT's allocations meet the kernels' vector alignment):
 // ORT's arena hands a node the same buffers run after run, and a model at batch 1 is bound by this
 // host work per node (BERT-base, H100, 2026-11-26: a jitops node 27-68 us under ORT's profiler,
 // ORT's own 14-30).
@@ -118,7 +119,7 @@ struct JtCall {           // handed to Python during one Compute
   void* stream;
 };
 
-std::atomic<int64_t> g_generation{0};   // bumped when jitops drops its plans: every replay is stale
+std::atomic<int64_t> g_generation{0};   // bumped when memory a replay may name is freed: every replay is stale
 
 template <typename T>
 bool take(const uint8_t*& p, const uint8_t* end, T* v) {
@@ -550,8 +551,8 @@ JT_EXPORT int jitops_ort_keep_replay(void* call_ptr, void* replay_ptr) {
   return 0;
 }
 
-// jitops dropped its prepared plans (their argument blocks and workspaces may be freed): no replay
-// made before this is run again.
+// Memory a replay may name was freed or refilled (jitops' fastlaunch.memory_released: plans dropped,
+// derived data evicted or recomputed, a stream's scratch released): no replay made before this runs again.
 JT_EXPORT void jitops_ort_invalidate() { g_generation.fetch_add(1); }
 
 // At interpreter exit: sessions released later must not call into a finalized Python.
