@@ -3,7 +3,9 @@
 The pattern is matched from its Softmax outwards: the scores MatMul(Q, K^T) with a constant scale
 on the scores, on Q or on K^T (torch's SDPA puts sqrt(scale) on both, computed from Shape(q); it
 is evaluated at rewrite time), an additive mask (Add) or a masked_fill (Where with a constant
-fill, taken as the additive mask Where(cond, fill, 0)), then MatMul with V.
+fill, taken as the additive mask Where(cond, fill, 0)), then MatMul with V. Where Q, K and V
+come from [B, S, H, D] values through head transposes and the output goes back through one (as
+exporters write multi-head attention), the *Bshd types take those transposes in as well.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 
 from .graph import GraphView
 from .matchers import Candidate, Match, Namer, Rejection, _extra_outputs_used, _same_domain
+from .optypes import BSHD_PERM
 
 
 def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
@@ -163,9 +166,66 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         return
     attrs = {"scale": float(scale * k_scale), "is_causal": 0}
     op_type = "MaskedAttention" if mask else "Attention"
+    heads = _head_transposes(view, q, k, extra, pv, covered + k_nodes)
+    if heads is not None:
+        sources, transposes, out = heads
+        yield Candidate(op_type + "Bshd", covered + k_nodes + transposes, sources + ([mask] if mask else []),
+                        attrs, out, constants=mask_consts, extra_nodes=extra_mask, values=mask_values)
     inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
     yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=mask_consts,
                     extra_nodes=extra_mask + extra, values={**values, **mask_values})
+
+
+def _perm(view: GraphView, transpose: Any) -> list[int] | None:
+    """A Transpose's permutation (ONNX's default reverses the axes), None when the rank is unknown."""
+    a = view.attrs(transpose)
+    if "perm" in a:
+        return [int(p) for p in a["perm"]]
+    shape = view.shape(transpose.input[0])
+    return None if shape is None else list(range(len(shape)))[::-1]
+
+
+def _from_bshd(view: GraphView, value: str, pattern: set[int]) -> Any | None:
+    """The Transpose(perm=[0, 2, 1, 3]) of a 4-D value that makes `value` [B, H, S, D] out of
+    [B, S, H, D], when a node of the pattern (ids in `pattern`) is its only reader; else None."""
+    prod = view.producer.get(value)
+    user = view.only_consumer(value)
+    if prod is None or prod.op_type != "Transpose" or not _same_domain(prod) or user is None \
+            or id(user) not in pattern:
+        return None
+    shape = view.shape(prod.input[0])
+    return prod if shape is not None and len(shape) == 4 and _perm(view, prod) == list(BSHD_PERM) else None
+
+
+def _head_transposes(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pattern: list[Any]
+                     ) -> tuple[list[str], list[Any], str] | None:
+    """When Q, K and V come from [B, S, H, D] values through head transposes read by the pattern
+    alone, and the output goes back to [B, S, H, D] through one, the node can read and write those
+    values itself (saving four Transpose launches): ([q, k, v] sources, the Transposes, the output).
+
+    K arrives as _key_input left it: a [B, H, S, D] value (then one more head transpose to look
+    through), or a Transpose it would insert, which is the head transpose itself when K^T was
+    Transpose(X, perm=[0, 2, 3, 1]) of a 4-D X. None when any piece is missing: all or nothing.
+    """
+    ids = {id(n) for n in pattern}
+    q_t, v_t = _from_bshd(view, q, ids), _from_bshd(view, pv.input[1], ids)
+    if k_extra:
+        x = k_extra[0].input[0]
+        if len(k_extra) != 1 or len(view.shape(x) or ()) != 4 or _perm(view, k_extra[0]) != list(BSHD_PERM):
+            return None
+        k_src, k_ts = x, []
+    else:
+        k_t = _from_bshd(view, k, ids)
+        if k_t is None:
+            return None
+        k_src, k_ts = k_t.input[0], [k_t]
+    out_t = view.only_consumer(pv.output[0])
+    if q_t is None or v_t is None or out_t is None or out_t.op_type != "Transpose" or not _same_domain(out_t):
+        return None
+    out_shape = view.shape(pv.output[0])
+    if out_shape is None or len(out_shape) != 4 or _perm(view, out_t) != list(BSHD_PERM):
+        return None
+    return [q_t.input[0], k_src, v_t.input[0]], [q_t, *k_ts, v_t, out_t], out_t.output[0]
 
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:

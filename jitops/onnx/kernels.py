@@ -77,8 +77,9 @@ class Kernel:
 
     def specs(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
               ) -> dict[str, TensorSpec | None]:
-        """The op's view of ORT's tensors: on a channels-last type (Conv2dNhwc*) the op's layout
-        inputs arrive stored N, H, W, C and are described by their logical N, C, H, W shape."""
+        """The op's view of ORT's tensors: on a type with a layout the op's layout inputs arrive
+        stored in it (Conv2dNhwc*: N, H, W, C; *AttentionBshd: B, S, H, D) and are described by
+        their logical shape (N, C, H, W; B, H, S, D)."""
         layout = self.type.fixed.get("layout", "")
         nhwc = set(getattr(get_op(self.type.op), "LAYOUT_INPUTS", ())) if layout else set()
         out: dict[str, TensorSpec | None] = {}
@@ -87,7 +88,7 @@ class Kernel:
                 out[n] = None
             elif n in nhwc:
                 if len(s) != 4:
-                    raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D (N, H, W, C), got {list(s)}")
+                    raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D ({layout}), got {list(s)}")
                 out[n] = TensorSpec(logical_shape(s, layout), dtypes[n], layout)
             else:
                 out[n] = TensorSpec(s, dtypes[n])

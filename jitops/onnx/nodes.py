@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..arrays import logical_shape
 from ..errors import ArgumentError, JitopsError
 from ..ops import get_op
 from ..ops.base import TensorSpec
@@ -105,7 +106,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     cand.nodes = sorted(cand.nodes, key=lambda n: order.get(id(n), -1))
     shapes: dict[str, tuple[int | None, ...] | None] = {}
     dtypes: dict[str, str] = {}
-    reason = ""
+    layout, stored = _stored_inputs(t)
+    reason = "" if stored or not layout else f"this jitops' {t.op} op reads no '{layout}' layout"
     for jname, vname in zip(t.inputs, list(cand.inputs) + [""] * len(t.inputs)):
         if not vname:
             shapes[jname] = None
@@ -115,12 +117,18 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         shape, dtype = cand.values.get(vname) or (view.shape(vname), view.dtype(vname))
         if shape is None:
             reason = reason or f"the rank of '{vname}' is not known (pass input_shapes=...)"
+        elif jname in stored:   # the value holds the input in `layout` order; the op sees the logical shape
+            if len(shape) != 4:
+                reason = reason or f"'{vname}' is not 4-D (jitops::{t.name} reads it as {layout})"
+            else:
+                shape = logical_shape(tuple(shape), layout)
         shapes[jname], dtypes[jname] = (tuple(shape) if shape is not None else None), dtype
     dynamic = {n: s for n, s in shapes.items() if s is not None and None in s}
     specs: dict[str, TensorSpec | None] = {}
     if not reason:
         probed, reason = probe_shapes(t.op, shapes, cand.attrs)
-        specs = {n: (TensorSpec(s, dtypes[n]) if s is not None else None) for n, s in probed.items()}
+        specs = {n: (TensorSpec(s, dtypes[n], layout if n in stored else "") if s is not None else None)
+                 for n, s in probed.items()}
     if not reason:
         reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
     if not reason:
@@ -135,8 +143,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     if dynamic and problem is not None:
         # Sizes known only at run time: the ORT kernel plans per actual shape; no problem key here.
         attrs = {k: v for k, v in attrs.items() if k != "normalized_shape" or None not in shapes["x"]}
-        specs = {n: (TensorSpec(tuple(-1 if d is None else d for d in shapes[n]), s.dtype) if s is not None
-                     else None) for n, s in specs.items()}
+        specs = {n: (TensorSpec(tuple(-1 if d is None else d for d in shapes[n]), s.dtype, s.layout)
+                     if s is not None else None) for n, s in specs.items()}
         problem = None
     return NodeProblem(
         nodes=tuple(_node_id(n) for n in cand.nodes), onnx_ops=tuple(n.op_type for n in cand.nodes),
@@ -145,6 +153,14 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         node_attrs=dict(cand.attrs),
         constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes),
         dynamic={n: tuple(s) for n, s in dynamic.items()})
+
+
+def _stored_inputs(t: Any) -> tuple[str, frozenset[str]]:
+    """A type's fixed layout and the op inputs whose graph values are stored in it (the *Bshd
+    attention types read [B, S, H, D] values); ('', {}) for the others. Empty inputs with a layout:
+    the op has no such layout (its module declares no LAYOUT_INPUTS)."""
+    layout = t.fixed.get("layout", "")
+    return layout, frozenset(getattr(get_op(t.op), "LAYOUT_INPUTS", ()) if layout else ())
 
 
 # Norm fallback bodies spelled out in standard ops below these opsets (functions.py)

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 DOMAIN = "jitops"
 DOMAIN_VERSION = 1
+BSHD_PERM = (0, 2, 1, 3)     # [B, S, H, D] <-> [B, H, S, D] (its own inverse): the "bshd" attention types
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,12 @@ OP_TYPES: dict[str, OpType] = {t.name: t for t in [
            (Attr("scale", "float"), Attr("is_causal", "int", 0)), outputs=("out",)),
     OpType("MaskedAttention", "attention", ("q", "k", "v", "mask"), frozenset(),
            (Attr("scale", "float"), Attr("is_causal", "int", 0)), outputs=("out",)),
+    # The same with q, k, v and the output stored [B, S, H, D]: the head transposes an exporter
+    # writes around attention are taken into the node (attention_patterns.py).
+    OpType("AttentionBshd", "attention", ("q", "k", "v"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
+    OpType("MaskedAttentionBshd", "attention", ("q", "k", "v", "mask"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
 ]}
 
 
