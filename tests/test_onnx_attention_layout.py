@@ -1,0 +1,276 @@
+"""Attention with its head transposes: the *Bshd types read Q, K, V and write the output [B, S, H, D].
+
+Exporters split heads with Reshape + Transpose(0, 2, 1, 3) around MatMul/Softmax/MatMul and merge
+them back with Transpose(0, 2, 1, 3) + Reshape. The rewrite takes those four Transposes into the
+attention node (all of them or none), so they no longer run as ORT nodes. Checked here: which graphs
+are taken and which are not, the node count, problem keys, and the outputs of the rewritten model
+(jitops kernels on the emulator, and the fallback bodies without the jitops library) against ONNX
+Runtime on the original model, with a symbolic batch and sequence.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import helper, numpy_helper  # noqa: E402
+
+import jitops.onnx as jo  # noqa: E402
+from jitops.onnx import kernels  # noqa: E402
+from jitops.onnx.testing import max_rel_error, ort_session, tensor_info  # noqa: E402
+
+HEADS, D = 2, 8
+C = HEADS * D
+TOL = {"float32": 2e-5, "float16": 3e-3}
+
+
+def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231", opset: int = 17,
+                   share: str = "", kv_heads: int = HEADS):
+    """x [N, S, C] -> per-head Q, K, V by Linear + Reshape + Transpose -> attention -> Transpose +
+    Reshape -> [N, S, C], N and S symbolic. key: K^T as Transpose(0, 2, 3, 1) of [N, S, H, D]
+    ("0231", torch's k.permute(0, 2, 3, 1) or view + transpose folded), or as Transpose(0, 2, 1, 3)
+    then Transpose(0, 1, 3, 2) ("two"). share: a value a Neg node reads as well ("q", "k", "v": the
+    head transposes' outputs (K^T for "0231"), "pv": the P.V product, "out": the head-merged
+    output). kv_heads < HEADS: grouped-query attention."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    kv = kv_heads * D
+    inits = {"wq": rng.standard_normal((C, C)) * 0.3, "wk": rng.standard_normal((C, kv)) * 0.3,
+             "wv": rng.standard_normal((C, kv)) * 0.3, "scale": np.array(np.sqrt(D))}
+    init = [numpy_helper.from_array(np.asarray(v, dtype), k) for k, v in inits.items()]
+    init += [numpy_helper.from_array(np.array(s, np.int64), k) for k, s in
+             (("q_shape", [0, 0, HEADS, D]), ("kv_shape", [0, 0, kv_heads, D]), ("out_shape", [0, 0, C]))]
+    nodes = [n("MatMul", ["x", "wq"], ["xq"]), n("MatMul", ["x", "wk"], ["xk"]), n("MatMul", ["x", "wv"], ["xv"]),
+             n("Reshape", ["xq", "q_shape"], ["q4"]), n("Reshape", ["xk", "kv_shape"], ["k4"]),
+             n("Reshape", ["xv", "kv_shape"], ["v4"]),
+             n("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3], name="q_heads"),
+             n("Transpose", ["v4"], ["v"], perm=[0, 2, 1, 3], name="v_heads")]
+    if key == "0231":
+        nodes.append(n("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1], name="k_heads"))
+    else:
+        nodes += [n("Transpose", ["k4"], ["k"], perm=[0, 2, 1, 3], name="k_heads"),
+                  n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="k_t")]
+    nodes += [n("MatMul", ["q", "kt"], ["scores"]), n("Div", ["scores", "scale"], ["scaled"])]
+    inputs = [tensor_info("x", ["N", "S", C], dtype)]
+    last = "scaled"
+    if masked:
+        nodes.append(n("Add", ["scaled", "mask"], ["masked"]))
+        inputs.append(tensor_info("mask", ["N", 1, 1, "S"], dtype))
+        last = "masked"
+    nodes += [n("Softmax", [last], ["probs"], axis=-1), n("MatMul", ["probs", "v"], ["pv"]),
+              n("Transpose", ["pv"], ["merged"], perm=[0, 2, 1, 3], name="out_heads"),
+              n("Reshape", ["merged", "out_shape"], ["y"])]
+    outputs = [tensor_info("y", ["N", "S", C], dtype)]
+    if share:
+        value = {"q": "q", "v": "v", "k": "kt" if key == "0231" else "k", "out": "merged", "pv": "pv"}[share]
+        nodes.append(n("Neg", [value], ["side"]))
+        outputs.append(tensor_info("side", None, dtype))
+    g = helper.make_graph(nodes, "bert_attention", inputs, outputs, init)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def feeds(batch: int, seq: int, dtype: str = "float32", masked: bool = True, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {"x": rng.standard_normal((batch, seq, C)).astype(dtype)}
+    if masked:     # BERT's padding mask: the last keys hidden
+        m = np.zeros((batch, 1, 1, seq), dtype)
+        m[..., -max(1, seq // 4):] = -10000.0
+        out["mask"] = m
+    return out
+
+
+def _types(model) -> list[str]:
+    return [n.op_type for n in model.graph.node if n.domain == jo.DOMAIN]
+
+
+def _count(model, op: str) -> int:
+    return sum(n.op_type == op for n in model.graph.node)
+
+
+@pytest.mark.parametrize("key", ["0231", "two"])
+@pytest.mark.parametrize("masked", [True, False])
+def test_head_transposes_are_taken_into_the_node(masked, key):
+    model = bert_attention(masked=masked, key=key)
+    [p] = jo.map_nodes(model)
+    want = "MaskedAttentionBshd" if masked else "AttentionBshd"
+    assert p.supported and p.op_type == want, p.describe()
+    transposes = 5 if key == "two" else 4
+    assert p.onnx_ops.count("Transpose") == transposes
+    assert p.node_inputs[:3] == ("q4", "k4", "v4") and p.node_output == "merged"
+    # the op sees [B, H, S, D] stored as [B, S, H, D]; sizes symbolic: planned per call
+    assert all(p.inputs[n].layout == "bshd" and p.inputs[n].shape == (-1, HEADS, -1, D) for n in "qkv")
+    assert p.problem is None and p.dynamic
+    rw = jo.rewrite(model)
+    onnx.checker.check_model(rw)
+    assert _types(rw) == [want] and _count(rw, "Transpose") == 0
+    assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1
+    assert [n.op_type for n in rw.graph.node if n.op_type == "Reshape"] == ["Reshape"] * 4   # left as they are
+
+
+def test_static_problem_keys_say_bshd_and_match_what_the_ort_kernel_plans():
+    """Tuning records and bundles are keyed by the problem map_nodes builds; the ORT kernel must
+    build the same one from the [B, S, H, D] tensors it gets, or tuned schedules are not applied."""
+    model = bert_attention()
+    [p] = jo.supported_nodes(model, input_shapes={"x": (2, 6, C), "mask": (2, 1, 1, 6)})
+    assert p.problem is not None and "bshd" in p.key, p.key
+    assert p.inputs["q"].shape == (2, HEADS, 6, D) and p.inputs["q"].storage_shape == (2, 6, HEADS, D)
+    before = set(kernels._kernels)
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    f = feeds(2, 6)
+    got = sess.run(None, f)[0]
+    assert max_rel_error(got, ort_session(model).run(None, f)[0]) < TOL["float32"]
+    from jitops.ops import get_op
+    [k] = [k for kid, k in kernels._kernels.items() if kid not in before and k.type.name == "MaskedAttentionBshd"]
+    [(plan_key, (attrs, _))] = k.plans.items()
+    specs = k.specs({n: s for n, s, _ in plan_key}, {n: dt for n, _, dt in plan_key if dt})
+    assert get_op("attention").make_problem(specs, attrs).key() == p.key
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("key", ["0231", "two"])
+def test_rewritten_model_matches_ort_at_two_batch_sizes(dtype, key):
+    model = bert_attention(dtype, key=key)
+    rw = jo.rewrite(model)
+    assert _types(rw) == ["MaskedAttentionBshd"]
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    before = {kid: k.calls for kid, k in kernels._kernels.items()}
+    for batch, seq in ((1, 5), (3, 7)):
+        f = feeds(batch, seq, dtype, seed=batch)
+        ref = ort_session(model).run(None, f)[0]
+        got = sess.run(None, f)[0]                     # jitops kernels (emulator)
+        fallback = ort_session(rw).run(None, f)[0]     # no jitops library: the function bodies
+        assert got.dtype == ref.dtype and got.shape == ref.shape == (batch, seq, C)
+        assert max_rel_error(got, ref) < TOL[dtype], (batch, max_rel_error(got, ref))
+        assert max_rel_error(fallback, ref) < TOL[dtype], (batch, max_rel_error(fallback, ref))
+    ran = {k.type.name for kid, k in kernels._kernels.items() if k.calls > before.get(kid, 0)}
+    assert ran == {"MaskedAttentionBshd"}
+
+
+def test_float16_against_a_float64_reference():
+    """The fp16 rewrite against attention computed in float64 from the same fp16 weights and input."""
+    model = bert_attention("float16")
+    f = feeds(2, 9, "float16")
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = f["x"].astype(np.float64)
+    split = lambda a: a.reshape(2, 9, HEADS, D).transpose(0, 2, 1, 3)   # noqa: E731
+    q, k, v = split(x @ w["wq"]), split(x @ w["wk"]), split(x @ w["wv"])
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(D) + f["mask"].astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(2, 9, C)
+    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
+    assert _types(jo.rewrite(model)) == ["MaskedAttentionBshd"]
+    assert got.dtype == np.float16 and max_rel_error(got, ref) < 5e-3
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+def test_fallback_body_before_castlike(opset):
+    """Opsets 13-14 (no CastLike: float32 patterns only) give a body ORT runs as well."""
+    model = bert_attention(opset=opset, key="two")
+    rw = jo.rewrite(model)
+    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0
+    f = feeds(2, 5)
+    assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
+
+
+@pytest.mark.parametrize("share,key", [("q", "two"), ("k", "two"), ("k", "0231"), ("v", "two"), ("pv", "two")])
+def test_a_value_read_outside_the_pattern_keeps_the_plain_type(share, key):
+    """All four transposes or none: where a head transpose's output (or the P.V product) has
+    another reader, every transpose stays and the node is today's [B, H, S, D] one."""
+    model = bert_attention(share=share, key=key)
+    [p] = jo.map_nodes(model)
+    assert p.supported and p.op_type == "MaskedAttention", p.describe()
+    # K^T's own transpose, as before (none when K^T itself has another reader: one is inserted)
+    assert p.onnx_ops.count("Transpose") == (0 if key == "0231" else 1)
+    assert all(p.inputs[n].layout == "" for n in "qkv")
+    rw = jo.rewrite(model)
+    assert _types(rw) == ["MaskedAttention"] and {"q_heads", "v_heads", "out_heads"} <= {n.name for n in rw.graph.node}
+    f = feeds(2, 5)
+    for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
+        assert max_rel_error(got, ref) < 1e-6
+
+
+def test_the_merged_output_may_have_other_readers():
+    """The node writes the head-merged value itself: it may be read by any number of nodes."""
+    model = bert_attention(share="out")
+    rw = jo.rewrite(model)
+    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0
+    f = feeds(2, 5)
+    for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
+        assert max_rel_error(got, ref) < 1e-6
+
+
+def test_a_missing_piece_keeps_the_plain_type():
+    """Q given as [N, H, S, D] (no head transpose), or an output transpose that does not merge the
+    heads back: the plain type, with the other transposes left in the graph."""
+    model = bert_attention()
+    q_t = next(n for n in model.graph.node if n.name == "q_heads")
+    model.graph.node.remove(q_t)
+    model.graph.input.append(tensor_info("q", ["N", HEADS, "S", D]))
+    [p] = jo.map_nodes(model)
+    assert p.op_type == "MaskedAttention" and p.onnx_ops.count("Transpose") == 1
+    rw = jo.rewrite(model)     # K^T's transpose becomes the [N, H, S, D] one the plain type reads
+    assert {"v_heads", "out_heads"} <= {n.name for n in rw.graph.node} and _count(rw, "Transpose") == 3
+    model = bert_attention()
+    out_t = next(n for n in model.graph.node if n.name == "out_heads")
+    out_t.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
+    [p] = jo.map_nodes(model)
+    assert p.op_type == "MaskedAttention" and p.node_output == "pv"
+
+
+def test_grouped_query_attention():
+    """One kv head for two query heads (MatMul broadcasts it in the original)."""
+    model = bert_attention(kv_heads=1, key="two")
+    [p] = jo.map_nodes(model)
+    assert p.op_type == "MaskedAttentionBshd" and p.inputs["k"].shape == (-1, 1, -1, D)
+    f = feeds(2, 6)
+    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
+    ref = ort_session(model).run(None, f)[0]
+    assert max_rel_error(got, ref) < TOL["float32"]
+    assert max_rel_error(ort_session(jo.rewrite(model)).run(None, f)[0], ref) < 1e-6
+
+
+# ---------------------------------------------------------------- the torch corpus
+
+@pytest.fixture(scope="module")
+def corpus():
+    pytest.importorskip("torch")
+    from jitops.onnx import corpus as c
+    return c
+
+
+def _export(corpus, name: str, dtype: str = "float32"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return onnx.load_from_string(corpus.export(name, 17, dtype=dtype))
+
+
+@pytest.mark.parametrize("name,want,gone", [("bert", "MaskedAttentionBshd", 4), ("gpt", "MaskedAttentionBshd", 4),
+                                            ("vit", "Attention", 1)])
+def test_corpus_exports(corpus, name, want, gone):
+    """BERT and GPT split heads with view + permute / transpose: their four transposes go. The ViT's
+    nn.MultiheadAttention works on [B * H, S, D] values (other permutations): the plain type, which
+    takes K^T's transpose alone."""
+    model = _export(corpus, name)
+    [p] = [p for p in jo.map_nodes(model) if p.op == "attention"]
+    assert p.op_type == want and p.onnx_ops.count("Transpose") == gone, p.describe()
+    rw = jo.rewrite(model)
+    assert _count(rw, "Transpose") == _count(model, "Transpose") - gone
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt"])
+def test_corpus_float16_kernels_and_fallback_match_ort(corpus, name):
+    model = _export(corpus, name, "float16")
+    rw = jo.rewrite(model)
+    assert "MaskedAttentionBshd" in _types(rw)
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    for batch, seq in ((1, 4), (2, 7)):
+        f = corpus.example_inputs(name, seed=batch, x_0=batch, x_1=seq, mask_0=batch, mask_1=seq)
+        f = {k: v.astype(np.float16) for k, v in f.items()}
+        ref = ort_session(model).run(None, f)[0]
+        assert max_rel_error(sess.run(None, f)[0], ref) < 1e-2, (name, batch)
+        assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < 1e-2, (name, batch)
