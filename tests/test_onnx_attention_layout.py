@@ -84,6 +84,14 @@ def feeds(batch: int, seq: int, dtype: str = "float32", masked: bool = True, see
     return out
 
 
+def _attention64(q, k, v, mask, scale):
+    """float64 attention on [B, S, H, D] arrays (as the *Bshd types store them), same layout out."""
+    q, k, v = (np.asarray(a, np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = q @ k.transpose(0, 1, 3, 2) * scale + mask
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3)
+
+
 def _types(model) -> list[str]:
     return [n.op_type for n in model.graph.node if n.domain == jo.DOMAIN]
 
@@ -157,11 +165,8 @@ def test_float16_against_a_float64_reference():
     f = feeds(2, 9, "float16")
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     x = f["x"].astype(np.float64)
-    split = lambda a: a.reshape(2, 9, HEADS, D).transpose(0, 2, 1, 3)   # noqa: E731
-    q, k, v = split(x @ w["wq"]), split(x @ w["wk"]), split(x @ w["wv"])
-    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(D) + f["mask"].astype(np.float64)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    ref = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(2, 9, C)
+    q, k, v = ((x @ w[n]).reshape(2, 9, HEADS, D) for n in ("wq", "wk", "wv"))
+    ref = _attention64(q, k, v, f["mask"].astype(np.float64), 1 / np.sqrt(D)).reshape(2, 9, C)
     got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
     assert _types(jo.rewrite(model)) == ["MaskedAttentionBshd"]
     assert got.dtype == np.float16 and max_rel_error(got, ref) < 5e-3
@@ -232,6 +237,41 @@ def test_grouped_query_attention():
     ref = ort_session(model).run(None, f)[0]
     assert max_rel_error(got, ref) < TOL["float32"]
     assert max_rel_error(ort_session(jo.rewrite(model)).run(None, f)[0], ref) < 1e-6
+
+
+def test_gpu_provider_branch_reads_and_writes_bshd_buffers(monkeypatch):
+    """What a CUDA / ROCm EP node of a *Bshd type does (ORT's [B, S, H, D] buffers, a pointer
+    runner on ORT's stream, outputs allocated by ORT with the storage dims), driven with the
+    emulator's host buffers standing in for device memory."""
+    from jitops.onnx.native import JtTensor
+    from jitops.onnx.optypes import op_type
+    from jitops.runtime import current_backend
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 5, HEADS, D)).astype(np.float32) for _ in "qkv")
+    mask = np.where(rng.random((2, 1, 1, 5)) < 0.3, -1e4, 0.0).astype(np.float32)
+    outs = []
+
+    class FakeOrt:
+        def jitops_ort_output(self, call, index, dims, ndim):
+            outs.append(np.full(tuple(dims[:ndim]), np.nan, dtype=np.float32))
+            return outs[-1].ctypes.data
+
+    monkeypatch.setattr(kernels, "_lib", FakeOrt())
+    kern = kernels.Kernel(op_type("MaskedAttentionBshd"), 1, "float32", {"scale": 0.3}, current_backend())
+    kernels._kernels[-11] = kern
+    try:
+        tensors = (JtTensor * 4)()
+        for t, a in zip(tensors, (q, k, v, mask)):
+            t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
+            for d, n in enumerate(a.shape):
+                t.dims[d] = n
+        for call in range(2):       # the second call: the remembered runner
+            kernels.compute(-11, call, 4, tensors, 0)
+            assert outs[-1].shape == (2, 5, HEADS, D)
+            assert max_rel_error(outs[-1], _attention64(q, k, v, mask, np.float32(0.3))) < 2e-6
+        assert kern.calls == 2 and len(kern.runners) == 1
+    finally:
+        kernels._kernels.pop(-11, None)
 
 
 # ---------------------------------------------------------------- the torch corpus
