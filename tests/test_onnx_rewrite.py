@@ -215,12 +215,12 @@ def test_kernels_in_ort_look_up_the_keys_that_tuning_and_bundles_record(rng):
     sess = jo.session(model, input_shapes=shapes, providers=["CPUExecutionProvider"])
     sess.run(None, {"image": rng.standard_normal(shapes["image"]).astype(np.float32)})
     from jitops.ops import get_op
-    from jitops.ops.base import TensorSpec
     seen = set()
     for kid, k in kernels._kernels.items():
         if kid in before:
             continue
         for key, (attrs, _) in k.plans.items():
-            specs = {n: (TensorSpec(s, dt) if s is not None else None) for n, s, dt in key}
+            # the op's view of ORT's tensors (a *Bshd type's q, k, v arrive stored [B, S, H, D])
+            specs = k.specs({n: s for n, s, _ in key}, {n: dt for n, _, dt in key if dt})
             seen.add((k.type.op, get_op(k.type.op).make_problem(specs, attrs).key()))
     assert seen and seen == expected, sorted(seen ^ expected)
