@@ -90,11 +90,14 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
 
 
 def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = False, scale: float | None = None, *,
-              out: Any = None, schedule: ScheduleArg = None) -> Any:
+              layout: str | None = None, out: Any = None, schedule: ScheduleArg = None) -> Any:
     """softmax(scale * q k^T + mask) v for q of shape [B, Sq, D] or [B, H, Sq, D]; fp32, fp16 or bf16.
 
     k, v: [B, Sk, D] or [B, Hk, Sk, D] with Hk dividing H (grouped-query attention). mask: additive,
     float32 or q's dtype, broadcastable to [B, H, Sq, Sk]. scale: default 1/sqrt(D).
+    Heads-inner storage is read in place: a torch tensor x.transpose(1, 2) of a contiguous
+    [B, S, H, D] x (the result is then such a view too), or with layout="bshd" arrays whose own
+    shapes are [B, Sq, H, D] and [B, Sk, Hk, D] (the result [B, Sq, H, D]), FlashAttention's layout.
     causal: True or "top_left" (key j visible to query i when j <= i, as torch SDPA's is_causal, also
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
     D: 1..256. Algorithms: "fused_wgmma" (sm_90 only, fp16/bf16, D a multiple of 8 up to 256: Hopper's
@@ -102,11 +105,11 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
     the kernel; grouped-query heads packed and keys split across blocks for decoding), "fused",
     "three_stage", "naive".
     """
-    if out is None and schedule is None and (y := repeat_call(
+    if out is None and schedule is None and layout is None and (y := repeat_call(
             "attention", (q, k, v, mask), (causal, scale))) is not MISS:
         return y
-    return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask}, {"causal": causal, "scale": scale},
-                      out=_out("out", out), schedule=schedule)
+    return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask},
+                      _with_layout({"causal": causal, "scale": scale}, layout), out=_out("out", out), schedule=schedule)
 
 
 def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 1e-5,

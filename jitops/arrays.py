@@ -3,9 +3,12 @@
 Device arrays are used in place (zero copy) and launched on the array's current stream; host
 arrays go to the device and back when the backend is a GPU (on the CPU emulator they are used
 in place). Results come back as the input's kind. Non-contiguous inputs are refused with the
-argument's name rather than copied behind the caller's back; the one strided form accepted is a
-4-d channels_last torch tensor (or any 4-d array the caller declares `layout="nhwc"`), whose
-logical shape is (N, C, H, W) and whose memory order is N, H, W, C.
+argument's name rather than copied behind the caller's back. Two strided forms of rank 4 are
+accepted, each a permutation of a dense array (LAYOUTS): "nhwc", a channels_last torch tensor (or
+an array the caller declares `layout="nhwc"`) whose logical shape is (N, C, H, W) and whose memory
+order is N, H, W, C; and "bshd", attention's [B, S, H, D] storage (FlashAttention's layout, and
+what a model has before it transposes heads forward) read as logical [B, H, S, D]: a torch
+tensor `x.transpose(1, 2)` of a contiguous [B, S, H, D] x, or an array declared `layout="bshd"`.
 
 bfloat16: torch.bfloat16 tensors and numpy arrays of `ml_dtypes.bfloat16` (importing ml_dtypes
 also lets numpy name the dtype "bfloat16").
@@ -88,11 +91,17 @@ def _contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _declared_nhwc(ref: ArrayRef, name: str, op: str) -> ArrayRef:
-    """A C-contiguous array the caller declared layout="nhwc": its own shape is (N, H, W, C)."""
+# Each strided layout: the permutation from the logical axes to memory order (self-describing:
+# storage_shape applies it, logical_shape inverts it), and what its storage shape is called.
+LAYOUTS = {"nhwc": ((0, 2, 3, 1), "(N, H, W, C)"), "bshd": ((0, 2, 1, 3), "[B, S, H, D]")}
+
+
+def _declared(ref: ArrayRef, name: str, op: str, layout: str) -> ArrayRef:
+    """A C-contiguous array the caller declared `layout=`: its own shape is the storage shape."""
     if len(ref.shape) != 4:
-        raise ArgumentError(name, 'a 4-d (N, H, W, C) array with layout="nhwc"', f"shape {tuple(ref.shape)}", op=op)
-    ref.shape, ref.layout = logical_shape(ref.shape, "nhwc"), "nhwc"
+        raise ArgumentError(name, f'a 4-d {LAYOUTS[layout][1]} array with layout="{layout}"',
+                            f"shape {tuple(ref.shape)}", op=op)
+    ref.shape, ref.layout = logical_shape(ref.shape, layout), layout
     return ref
 
 
@@ -102,13 +111,28 @@ def is_channels_last(t: Any) -> bool:
     return t.dim() == 4 and t.is_contiguous(memory_format=sys.modules["torch"].channels_last)
 
 
+def is_bshd(t: Any) -> bool:
+    """A 4-d torch tensor whose memory is a contiguous [B, S, H, D] array read as [B, H, S, D]
+    (`x.transpose(1, 2)`): attention reads it in place."""
+    return t.dim() == 4 and t.transpose(1, 2).is_contiguous()
+
+
+def memory_format(t: Any) -> str | bool:
+    """A torch tensor's memory format as the repeat paths' signatures record it: True (C order),
+    a LAYOUTS name, or False (another strided view)."""
+    if t.is_contiguous():
+        return True
+    return "nhwc" if is_channels_last(t) else "bshd" if is_bshd(t) else False
+
+
 def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
     """Classify one array argument; a clear error names the argument when it cannot be used.
-    `layout="nhwc"`: the caller declares a C-contiguous array's shape to be (N, H, W, C); the ref
-    then carries the logical (N, C, H, W) shape. channels_last torch tensors need no declaration."""
+    `layout` ("nhwc", "bshd"): the caller declares a C-contiguous array's own shape to be the
+    layout's storage shape; the ref then carries the logical shape. Strided torch views in a layout
+    (channels_last, transposed [B, S, H, D]) need no declaration."""
     ref = _wrap(obj, name, op)
-    if layout == "nhwc" and not ref.layout:
-        return _declared_nhwc(ref, name, op)
+    if layout in LAYOUTS and not ref.layout:
+        return _declared(ref, name, op, layout)
     return ref
 
 
@@ -124,13 +148,12 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
         dtype = _torch_dtypes().get(obj.dtype)
         if dtype is None:
             raise ArgumentError(name, "a float32, float16 or bfloat16 tensor", f"torch dtype {obj.dtype}", op=op)
-        layout = ""
-        if not obj.is_contiguous():
-            if is_channels_last(obj):
-                layout = "nhwc"
-            else:
-                raise ArgumentError(name, "a contiguous or channels_last tensor (call .contiguous())",
-                                    "a strided view", op=op)
+        fmt = memory_format(obj)
+        if fmt is False:
+            raise ArgumentError(name, "a contiguous or channels_last tensor, or for attention a transposed "
+                                "[B, S, H, D] one (call .contiguous())", f"a strided view (strides {obj.stride()})",
+                                op=op)
+        layout = "" if fmt is True else str(fmt)
         dev = obj.device
         if dev.type not in ("cuda", "cpu"):
             raise ArgumentError(name, "a CPU or CUDA/ROCm tensor", f"a tensor on '{dev.type}'", op=op)
@@ -194,19 +217,27 @@ def current_stream(ref: ArrayRef) -> int:
 
 
 def storage_shape(shape: tuple, layout: str) -> tuple:
-    """(N, H, W, C) for a logical (N, C, H, W) shape stored "nhwc"; the shape itself otherwise."""
-    if layout == "nhwc":
-        n, c, h, w = shape
-        return (n, h, w, c)
+    """The shape in memory order: (N, H, W, C) for a logical (N, C, H, W) shape stored "nhwc",
+    [B, S, H, D] for a logical [B, H, S, D] stored "bshd"; the shape itself otherwise."""
+    if layout in LAYOUTS:
+        return tuple(shape[a] for a in LAYOUTS[layout][0])
     return tuple(shape)
 
 
 def logical_shape(storage: tuple, layout: str) -> tuple:
-    """The inverse of storage_shape: (N, C, H, W) for an (N, H, W, C) array stored "nhwc"."""
-    if layout == "nhwc":
-        n, h, w, c = storage
-        return (n, c, h, w)
+    """The inverse of storage_shape."""
+    if layout in LAYOUTS:
+        out = [0] * len(storage)
+        for i, a in enumerate(LAYOUTS[layout][0]):
+            out[a] = storage[i]
+        return tuple(out)
     return tuple(storage)
+
+
+def inverse_permutation(layout: str) -> tuple[int, ...]:
+    """The permutation that views a storage-order tensor in logical order (torch .permute)."""
+    perm = LAYOUTS[layout][0]
+    return tuple(perm.index(i) for i in range(len(perm)))
 
 
 def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any, layout: str = "") -> tuple[Any, int]:
@@ -216,8 +247,8 @@ def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any, layout:
     if ref.kind == "torch":
         torch = sys.modules["torch"]
         t = torch.empty(storage_shape(shape, layout), dtype=torch_dtype(dtype), device=ref.obj.device)
-        if layout == "nhwc":
-            t = t.permute(0, 3, 1, 2)
+        if layout in LAYOUTS:
+            t = t.permute(*inverse_permutation(layout))
         return t, t.data_ptr()
     shape = storage_shape(shape, layout)
     if ref.kind == "numpy":
@@ -238,13 +269,14 @@ def host_view(ref: ArrayRef) -> np.ndarray:
 
 
 def host_storage(t: Any) -> np.ndarray:
-    """A torch CPU tensor's memory as a C-contiguous numpy array (channels_last in storage order;
+    """A torch CPU tensor's memory as a C-contiguous numpy array (a layout's view in storage order;
     bfloat16, which numpy lacks without ml_dtypes views, as its 16-bit pattern)."""
     if isinstance(t, np.ndarray):
         return t
     torch = sys.modules["torch"]
-    if not t.is_contiguous() and t.dim() == 4:
-        t = t.permute(0, 2, 3, 1)
+    fmt = memory_format(t)
+    if isinstance(fmt, str):
+        t = t.permute(*LAYOUTS[fmt][0])
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
     return t.numpy()

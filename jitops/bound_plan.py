@@ -18,7 +18,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from .arrays import is_channels_last
+from .arrays import LAYOUTS, inverse_permutation, memory_format
 from .ops.base import TensorSpec
 from .prepared import StreamScratch, bind_and_launch, persistent_workspace
 from .runtime.fastlaunch import memory_released
@@ -38,10 +38,10 @@ _torch_tensor: type | None = None
 
 def signature(v: Any) -> Hashable:
     """What must match for a BoundPlan to be reused: kind, shape, dtype, device, memory format
-    (True: C-contiguous; "nhwc": a 4-d channels_last tensor, read as NHWC as arrays.wrap reads it)."""
+    (True: C-contiguous; "nhwc" / "bshd": a 4-d view in that layout, as arrays.wrap reads it)."""
     global _torch_tensor
     if _torch_tensor is not None and isinstance(v, _torch_tensor):
-        return (_torch_tensor, v.shape, v.dtype, v.device, v.is_contiguous() or _channels_last(v))
+        return (_torch_tensor, v.shape, v.dtype, v.device, memory_format(v))
     if v is None:
         return None
     if type(v) is np.ndarray:
@@ -49,12 +49,8 @@ def signature(v: Any) -> Hashable:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(v, torch.Tensor):
         _torch_tensor = torch.Tensor
-        return (torch.Tensor, v.shape, v.dtype, v.device, v.is_contiguous() or _channels_last(v))
+        return (torch.Tensor, v.shape, v.dtype, v.device, memory_format(v))
     raise NoFastPath
-
-
-def _channels_last(v: Any) -> str | bool:
-    return "nhwc" if is_channels_last(v) else False
 
 
 class BoundPlan:
@@ -187,9 +183,10 @@ class BoundPlan:
             return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         torch = sys.modules["torch"]
         tensor = torch.Tensor
-        # the memory format part of each input's signature: True (C order), "nhwc" or False (neither)
+        # the memory format part of each input's signature: True (C order), "nhwc", "bshd" or False;
+        # the native check knows torch's memory formats, which have no name for "bshd"
         formats = [None if v is None else signature(v)[-1] if isinstance(v, tensor) else False for v in values]
-        if False in formats:
+        if False in formats or "bshd" in formats or any(s.layout == "bshd" for s in self.prepared.problem.outputs().values()):
             return None
         # per input (type, shape, dtype, device, memory format: None = C order, else channels_last)
         expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device,
@@ -361,6 +358,9 @@ def _framework(first: Any, is_torch: bool) -> tuple[Callable, Callable, Callable
         def alloc(spec: TensorSpec) -> Any:
             if spec.layout == "nhwc":
                 return empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device, memory_format=torch.channels_last)
+            if spec.layout in LAYOUTS:
+                return empty(spec.storage_shape, dtype=torch_dtype(spec.dtype), device=device).permute(
+                    *inverse_permutation(spec.layout))
             return empty(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
 
         def expected(spec: TensorSpec) -> Hashable:

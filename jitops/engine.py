@@ -127,8 +127,8 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
     if any(r.obj is not tensors[n] for n, r in refs.items()):
         return None     # an input was copied (a channels_last tensor where the op reads C order)
     if any(r.layout and (r.kind != "torch" or r.obj.is_contiguous()) for r in refs.values()):
-        return None     # NHWC declared with layout= (arrays whose own shape is N, H, W, C): the general path
-    if any(s.layout not in ("", "nhwc") for s in prepared.problem.outputs().values()):
+        return None     # a layout declared with layout= (arrays whose own shape is the storage's): the general path
+    if any(s.layout not in ("", *arrays.LAYOUTS) for s in prepared.problem.outputs().values()):
         return None
     first = next(iter(refs.values()))
     if first.host and backend.name != "cpu":
@@ -150,11 +150,13 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
     as_they_are = (*layout_inputs, *getattr(op, "FORMAT_INPUTS", ()))
+    op_layout = getattr(op, "LAYOUT", "nhwc")
     for n, r in list(refs.items()):
-        if r.layout and n not in as_they_are:
+        if r.layout and (n not in as_they_are or r.layout != op_layout):
             # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
             # but a copy per call and no repeat path: say once how to avoid it)
-            _warn_once(f"{op_name}: '{n}' is a channels_last tensor; it is copied to a contiguous one on "
+            what = "channels_last" if r.layout == "nhwc" else f"{r.layout} (transposed [B, S, H, D])"
+            _warn_once(f"{op_name}: '{n}' is a {what} tensor; it is copied to a contiguous one on "
                        f"every call (pass {n}.contiguous() once to avoid the copy)")
             refs[n] = arrays.wrap(r.obj.contiguous(), n, op_name, "")
     host = arrays.check_placement(refs, backend, op_name)
@@ -174,14 +176,16 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
 
 def _split_layout(op: Any, op_name: str, attrs: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     """The `layout` attribute is the engine's, not the op's: it says how to read the arrays the
-    op declares in LAYOUT_INPUTS ("nhwc": their own shape is (N, H, W, C)). Returns it and the
-    attributes the op sees."""
+    op declares in LAYOUT_INPUTS (the op's LAYOUT, "nhwc" unless it says otherwise: their own
+    shape is (N, H, W, C); "bshd": [B, S, H, D]). Returns it and the attributes the op sees."""
     if "layout" not in attrs:
         return "", attrs
+    op_layout = getattr(op, "LAYOUT", "nhwc")
+    default = "bhsd" if op_layout == "bshd" else "nchw"
     layout = attrs["layout"]
-    layout = "" if layout in (None, "", "nchw") else layout
-    if layout and (layout != "nhwc" or not getattr(op, "LAYOUT_INPUTS", ())):
-        allowed = "None, 'nchw' or 'nhwc'" if getattr(op, "LAYOUT_INPUTS", ()) else "None"
+    layout = "" if layout in (None, "", default) else layout
+    if layout and (layout != op_layout or not getattr(op, "LAYOUT_INPUTS", ())):
+        allowed = f"None, '{default}' or '{op_layout}'" if getattr(op, "LAYOUT_INPUTS", ()) else "None"
         raise ArgumentError("layout", allowed, repr(attrs["layout"]), op=op_name)
     return layout, {k: v for k, v in attrs.items() if k != "layout"}
 
@@ -202,7 +206,7 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
         if given is not None:
             ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
             if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout:
-                raise ArgumentError("out", f"shape {spec.storage_shape}{' (N, H, W, C)' if spec.layout else ''} "
+                raise ArgumentError("out", f"shape {spec.storage_shape}{' ' + arrays.LAYOUTS[spec.layout][1] if spec.layout else ''} "
                                     f"and dtype {spec.dtype}",
                                     f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
             if ref.host != host:

@@ -145,7 +145,7 @@ def _map_encoder(backend: Backend, spec: TensorMap) -> Any:
         if blob is None:
             if len(memo) >= 16:
                 memo.clear()
-            blob = memo[ptr] = backend.tensor_map(ptr, spec.dtype, spec.dims, spec.box, spec.swizzle)
+            blob = memo[ptr] = backend.tensor_map(ptr, spec.dtype, spec.dims, spec.box, spec.swizzle, spec.strides)
         return blob
     return encode
 

@@ -21,7 +21,7 @@ def test_bind_writes_the_map_encoded_from_the_buffer_pointer():
     seen = []
 
     class Backend:
-        def tensor_map(self, ptr, dtype, dims, box, swizzle):
+        def tensor_map(self, ptr, dtype, dims, box, swizzle, strides=None):
             seen.append((ptr, dtype, tuple(dims), tuple(box), swizzle))
             return ptr.to_bytes(8, "little") * 16
 

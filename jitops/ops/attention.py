@@ -14,6 +14,10 @@ from .attention_problem import (CAUSAL_MODES, INPUTS, MAX_HEAD_DIM, NAME, Attent
                                 parse_problem, random_inputs, reference, tolerance)
 from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, variants
 
+# q, k and v may be stored [B, S, H, D]: a transposed torch view, or arrays declared layout="bshd"
+LAYOUT = "bshd"
+LAYOUT_INPUTS = ("q", "k", "v")
+
 # Schedule-space generation (jitops.records): 1 since fused_wgmma with TMA (2026-11-25); records
 # tuned before it never saw that kernel and are skipped (a 2026-11-23 record pinned the seed shape to
 # fused_mma at 0.99x torch where fused_wgmma runs 1.10x, H100).

@@ -263,6 +263,15 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     return Schedule.make("fused_mma", why=why, **params)
 
 
+def kv_tensor_map(p: AttentionProblem, name: str, block_k: int) -> TensorMap:
+    """K or V for TMA in boxes of 64 columns x block_k rows: a dense (D, Sk, B * Hk) tensor, or for
+    [B, Sk, Hk, D] storage (D, Sk, Hk, B) with its strides (the kernels pass (head, batch) then)."""
+    if p.kv_layout == "bshd":
+        return TensorMap(name, p.dtype, (p.d, p.sk, p.kv_heads, p.batch), (64, block_k, 1, 1),
+                         strides=(p.kv_heads * p.d, p.d, p.sk * p.kv_heads * p.d))
+    return TensorMap(name, p.dtype, (p.d, p.sk, p.batch * p.kv_heads), (64, block_k, 1))
+
+
 def mma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     """Tile variants for the tuner: warps x row groups x block_k, and split counts around the
     heuristic's when it splits."""
@@ -386,15 +395,17 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
         dest = (Buf("out"),)
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, *dest, *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
-    if params["tma_maps"]:    # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
-        args += tuple(TensorMap(n, p.dtype, (p.d, p.sk, p.batch * p.kv_heads), (64, bk, 1)) for n in ("k", "v"))
+    if params["tma_maps"]:
+        args += tuple(kv_tensor_map(p, n, bk) for n in ("k", "v"))
     launch = Launch.make(TEMPLATE, "attention_fused_mma", params, (blocks,), (threads,), args, smem)
     if splits == 1 or cluster:
         return Plan(launches=(launch,))
     n = total_rows * p.d
     merge = Launch.make(MERGE_TEMPLATE, "attention_merge",
-                        {"index_type": idx, "ctype": C_TYPE[p.dtype], "head_dim": p.d, "block": MERGE_BLOCK},
+                        {"index_type": idx, "ctype": C_TYPE[p.dtype], "head_dim": p.d, "block": MERGE_BLOCK,
+                         "q_bshd": common["q_bshd"]},
                         (ceil_div(n, MERGE_BLOCK),), (MERGE_BLOCK,),
-                        (Buf("opart"), Buf("lse"), Buf("out"), Scalar(ikind, total_rows), Scalar("i32", splits)))
+                        (Buf("opart"), Buf("lse"), Buf("out"), Scalar(ikind, total_rows), Scalar("i32", splits),
+                         Scalar("i32", p.heads), Scalar("i32", p.sq)))
     return Plan(launches=(launch, merge), workspaces=(Workspace("opart", 4 * splits * n),
                                                        Workspace("lse", 4 * splits * total_rows)))

@@ -2,6 +2,9 @@
 
 Layouts: q [B, Sq, D] (seed 000) or [B, H, Sq, D]; k and v [B, Sk, D] or [B, Hk, Sk, D] with Hk
 dividing H (grouped-query attention: query head h reads kv head h // (H // Hk)); output like q.
+Rank-4 q (and out), and k with v, may each be stored [B, S, H, D] (layout "bshd": FlashAttention's
+layout, a model's projections before the head transpose; shapes stay logical [B, H, S, D]); the
+kernels read them in place.
 The mask is additive (float32 or q's dtype; -inf hides a key) and broadcasts, numpy style, to
 [B, H, Sq, Sk] ([B, Sq, Sk] for 3-D q).
 
@@ -42,6 +45,8 @@ class AttentionProblem:
     scale: float
     mask_shape: tuple[int, ...] | None = None
     mask_dtype: str | None = None
+    q_layout: str = ""             # "" ([B, H, Sq, D] in memory) or "bshd"; out follows q
+    kv_layout: str = ""            # the same for k and v
 
     @property
     def has_mask(self) -> bool:
@@ -64,17 +69,26 @@ class AttentionProblem:
         return (self.batch, self.sk, self.d) if self.rank == 3 else (self.batch, self.kv_heads, self.sk, self.d)
 
     def inputs(self) -> dict[str, TensorSpec]:
-        specs = {"q": TensorSpec(self.q_shape(), self.dtype), "k": TensorSpec(self.kv_shape(), self.dtype),
-                 "v": TensorSpec(self.kv_shape(), self.dtype)}
+        specs = {"q": TensorSpec(self.q_shape(), self.dtype, self.q_layout),
+                 "k": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout),
+                 "v": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout)}
         if self.mask_shape is not None:
             specs["mask"] = TensorSpec(self.mask_shape, self.mask_dtype or self.dtype)
         return specs
 
     def outputs(self) -> dict[str, TensorSpec]:
-        return {"out": TensorSpec(self.q_shape(), self.dtype)}
+        return {"out": TensorSpec(self.q_shape(), self.dtype, self.q_layout)}
 
     def key(self) -> str:
         return problem_key(NAME, self.inputs(), {"causal": self.causal, "scale": self.scale})
+
+    def q_strides(self) -> tuple[int, int, int]:
+        """Element strides of q (and out) along (b, h, s)."""
+        return _strides(self.heads, self.sq, self.d, self.q_layout)
+
+    def kv_strides(self) -> tuple[int, int, int]:
+        """Element strides of k and v along (b, kv head, s)."""
+        return _strides(self.kv_heads, self.sk, self.d, self.kv_layout)
 
     def mask_strides(self) -> tuple[int, int, int, int]:
         """Element strides of the mask along (b, h, i, j); 0 where it broadcasts."""
@@ -104,6 +118,12 @@ class AttentionProblem:
     def bytes_moved(self) -> int:
         n = sum(s.nbytes for s in self.inputs().values()) + self.outputs()["out"].nbytes
         return int(n)
+
+
+def _strides(heads: int, rows: int, d: int, layout: str) -> tuple[int, int, int]:
+    if layout == "bshd":
+        return (rows * heads * d, d, heads * d)
+    return (heads * rows * d, rows * d, d)
 
 
 def _causal_mode(value: Any) -> str:
@@ -154,6 +174,8 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
                             f"{hk} heads (shape {k.shape})", op=NAME)
     if tuple(v.shape) != tuple(k.shape):
         raise ArgumentError("v", f"the shape of k {tuple(k.shape)} (value head dim = D)", f"shape {v.shape}", op=NAME)
+    if v.layout != k.layout:
+        raise ArgumentError("v", f"k's memory layout ({_layout_name(k.layout)})", _layout_name(v.layout), op=NAME)
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ArgumentError("q", f"a head dim D in 1..{MAX_HEAD_DIM} (fused kernels: any D on matrix cores, "
                             "32/64/96/128 on the SIMT cores; other D run three_stage)", f"D = {d}", op=NAME)
@@ -169,12 +191,17 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         mask_shape, mask_dtype = shape, mask.dtype
     return AttentionProblem(int(b), int(hq), int(hk), int(sq), int(sk), int(d), q.dtype, rank,
                             _causal_mode(attrs.get("causal", False)), _scale(attrs.get("scale"), int(d)),
-                            mask_shape, mask_dtype)
+                            mask_shape, mask_dtype, q.layout, k.layout)
+
+
+def _layout_name(layout: str) -> str:
+    return "[B, S, H, D] (bshd)" if layout == "bshd" else "[B, H, S, D]"
 
 
 def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
-    """`jitops compile attention q=8x16x2048x64 [k=...] [mask=2048x2048] dtype=float16 causal=true`."""
-    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale"}
+    """`jitops compile attention q=8x16x2048x64 [k=...] [mask=2048x2048] dtype=float16 causal=true
+    [layout=bshd]` (shapes logical [B, H, S, D]; bshd: q, k, v stored [B, S, H, D])."""
+    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale", "layout"}
     extra = set(spec) - allowed
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(allowed))}", op=NAME)
@@ -182,7 +209,12 @@ def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     q = parse_shape(spec.get("q", "256x128x64"))
     k = parse_shape(spec.get("k", "x".join(map(str, q))))
     v = parse_shape(spec.get("v", "x".join(map(str, k))))
-    inputs = {"q": TensorSpec(q, dtype), "k": TensorSpec(k, dtype), "v": TensorSpec(v, dtype), "mask": None}
+    layout = spec.get("layout", "")
+    if layout not in ("", "bhsd", "bshd") or (layout == "bshd" and len(q) != 4):
+        raise ArgumentError("layout", "bhsd or bshd (4-d q only)", layout, op=NAME)
+    layout = "" if layout == "bhsd" else layout
+    inputs = {"q": TensorSpec(q, dtype, layout), "k": TensorSpec(k, dtype, layout), "v": TensorSpec(v, dtype, layout),
+              "mask": None}
     if "mask" in spec:
         inputs["mask"] = TensorSpec(parse_shape(spec["mask"]), spec.get("mask_dtype", dtype))
     causal: Any = spec.get("causal", "false")
@@ -194,9 +226,11 @@ def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
 # ---- float64 reference, data, tolerances ----
 
 def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """softmax(scale q k^T + mask) v in float64, with the causal rule and zeros for unseen rows."""
+    """softmax(scale q k^T + mask) v in float64, with the causal rule and zeros for unseen rows;
+    inputs and output in storage order (as random_inputs makes them)."""
     p = problem
-    q, k, v = (np.asarray(inputs[n], dtype=np.float64) for n in ("q", "k", "v"))
+    q, k, v = (_logical(np.asarray(inputs[n], dtype=np.float64), lay)
+               for n, lay in (("q", p.q_layout), ("k", p.kv_layout), ("v", p.kv_layout)))
     if p.rank == 3:
         q, k, v = q[:, None], k[:, None], v[:, None]
     k = np.repeat(k, p.group, axis=1)
@@ -218,12 +252,18 @@ def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> di
         total = e.sum(axis=-1, keepdims=True)
         out = np.einsum("bhij,bhjd->bhid", e, v) / np.where(total > 0, total, 1.0)
     out = np.where(total > 0, out, 0.0)
-    return {"out": out[:, 0] if p.rank == 3 else out}
+    return {"out": out[:, 0] if p.rank == 3 else _logical(out, p.q_layout)}
+
+
+def _logical(x: np.ndarray, layout: str) -> np.ndarray:
+    """[B, S, H, D] storage as [B, H, S, D] for "bshd" (the swap is its own inverse); x otherwise."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if layout == "bshd" else x
 
 
 def random_inputs(problem: AttentionProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Arrays in storage order (what a kernel reads: [B, S, H, D] for a bshd side)."""
     p = problem
-    data = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in p.inputs().items() if n != "mask"}
+    data = {n: rng.standard_normal(s.storage_shape).astype(s.dtype) for n, s in p.inputs().items() if n != "mask"}
     if p.has_mask:
         data["mask"] = rng.standard_normal(p.mask_shape).astype(p.mask_dtype)
     return data

@@ -14,6 +14,7 @@ Algorithms:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from ..device import DeviceInfo
@@ -193,7 +194,8 @@ def _mask_args(p: AttentionProblem, idx: str) -> tuple[Buf | Scalar, ...]:
 
 def _common_params(p: AttentionProblem, idx: str) -> dict:
     return {"ctype": C_TYPE[p.dtype], "index_type": idx, "has_mask": p.has_mask,
-            "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none"}
+            "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none",
+            "q_bshd": p.q_layout == "bshd", "kv_bshd": p.kv_layout == "bshd"}
 
 
 def _has_async_copy(device: DeviceInfo) -> bool:
@@ -280,6 +282,10 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
     if p.sk == 0:   # no keys: softmax of nothing; the PV product of an empty sum writes zeros
         scores = 0
     gemm_common = {"index_type": idx, "c_type": "float"}
+    score_strides = (p.heads * p.sq * p.sk, p.sq * p.sk, p.sk)     # [B, H, Sq, Sk] fp32
+
+    def strides(sbh: tuple[int, int, int]) -> tuple[Scalar, ...]:
+        return tuple(Scalar(ikind, s) for s in sbh)
     qk = tuple(int(x) for x in schedule["qk_tile"])
     pv = tuple(int(x) for x in schedule["pv_tile"])
     for name, (bm, bn, bk, tm, tn) in (("qk_tile", qk), ("pv_tile", pv)):
@@ -295,7 +301,7 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
         params = {**gemm_common, "a_type": C_TYPE[p.dtype], "b_type": C_TYPE[p.dtype], "b_layout": "nt",
                   "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
         args = (Buf("q"), Buf("k"), Buf("scores"), Scalar("i32", p.sq), Scalar("i32", p.sk), Scalar("i32", p.d),
-                Scalar(ikind, p.sq * p.d), Scalar(ikind, p.sk * p.d), Scalar(ikind, p.sq * p.sk),
+                *strides(p.q_strides()), *strides(p.kv_strides()), *strides(score_strides),
                 Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", tiles_m), Scalar("i32", tiles_n),
                 Scalar("f32", p.scale))
         launches.append(Launch.make(TEMPLATES["gemm"], "attention_scores", params, (bh * tiles_m * tiles_n,),
@@ -317,7 +323,7 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
     params = {**gemm_common, "a_type": "float", "b_type": C_TYPE[p.dtype], "c_type": C_TYPE[p.dtype],
               "b_layout": "nn", "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
     args = (Buf("scores"), Buf("v"), Buf("out"), Scalar("i32", p.sq), Scalar("i32", p.d), Scalar("i32", p.sk),
-            Scalar(ikind, p.sq * p.sk), Scalar(ikind, p.sk * p.d), Scalar(ikind, p.sq * p.d),
+            *strides(score_strides), *strides(p.kv_strides()), *strides(p.q_strides()),
             Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", tiles_m), Scalar("i32", tiles_n),
             Scalar("f32", 1.0))
     launches.append(Launch.make(TEMPLATES["gemm"], "attention_pv", params, (bh * tiles_m * tiles_n,),
@@ -330,9 +336,10 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
 def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
     """Problems and schedules reaching every template branch (mask/no mask, causal, dtypes, D)."""
 
-    def problem(dtype: str, d: int, mask: bool = False, causal: bool = False, sq: int = 197, sk: int = 77):
-        specs = {"q": TensorSpec((2, 4, sq, d), dtype), "k": TensorSpec((2, 2, sk, d), dtype),
-                 "v": TensorSpec((2, 2, sk, d), dtype),
+    def problem(dtype: str, d: int, mask: bool = False, causal: bool = False, sq: int = 197, sk: int = 77,
+                layout: str = ""):
+        specs = {"q": TensorSpec((2, 4, sq, d), dtype, layout), "k": TensorSpec((2, 2, sk, d), dtype, layout),
+                 "v": TensorSpec((2, 2, sk, d), dtype, layout),
                  "mask": TensorSpec((sq, sk), "float32") if mask else None}
         return make_problem(specs, {"causal": causal})
 
@@ -353,18 +360,22 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
             out.append((pr, heuristic(pr, device, "fused_mma")))
         pr = problem("float16", 64, mask=True, causal=True)
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=2, block_k=64)))
-        # decoding, bf16: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel
-        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16"),
-                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16"), "mask": None}
+        # decoding, bf16: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel;
+        # q, k, v stored [B, S, H, D] (the heads-inner addressing of this family and of the merge)
+        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16", "bshd"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16", "bshd"),
+                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16", "bshd"), "mask": None}
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))
         if device.hopper:
             # one sm_90 decode representative: K/V by TMA into the swizzled ring, splits merged in a cluster
+            specs = {n: (dataclasses.replace(s, layout="") if s else None) for n, s in specs.items()}
+            pr = make_problem(specs, {"causal": "bottom_right"})
             out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                           splits=4, cluster=1, tma=1, stages=3)))
     if why_not(problem("bfloat16", 72), device) is None:
-        # one sm_90a representative: bf16, padded D (72 -> 80), GQA, causal with a mask (checked softmax)
-        pr = problem("bfloat16", 72, mask=True, causal=True)
+        # one sm_90a representative: bf16, padded D (72 -> 80), GQA, causal with a mask (checked softmax),
+        # q, k, v stored [B, S, H, D] (4-d tensor maps)
+        pr = problem("bfloat16", 72, mask=True, causal=True, layout="bshd")
         out.append((pr, Schedule.make("fused_wgmma", groups=2, block_k=64)))
     return out

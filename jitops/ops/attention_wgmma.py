@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .attention_mma import MMA_DTYPES, padded_dim
+from .attention_mma import MMA_DTYPES, kv_tensor_map, padded_dim
 from .attention_problem import AttentionProblem
-from .base import Buf, Launch, Plan, Scalar, Schedule, TensorMap, ceil_div
+from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
 
 TEMPLATE = "attention/fused_wgmma.hip.j2"
 MAX_DIM = 256
@@ -237,8 +237,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
               "release": release}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
-    if tma:   # K and V as [B * Hkv][Sk][D] tensors, boxes of 64 columns x block_k rows
-        kv_heads = p.batch * p.kv_heads
-        args += tuple(TensorMap(n, p.dtype, (p.d, p.sk, kv_heads), (64, bk, 1)) for n in ("k", "v"))
+    if tma:
+        args += tuple(kv_tensor_map(p, n, bk) for n in ("k", "v"))
     return Plan(launches=(Launch.make(TEMPLATE, "attention_fused_wgmma", params, (blocks,), (threads,), args,
                                       smem),))

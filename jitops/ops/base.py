@@ -26,7 +26,8 @@ INT32_MAX = 2**31 - 1
 @dataclass(frozen=True)
 class TensorSpec:
     """An array as an op sees it. `shape` is the logical shape; `layout` "nhwc" marks a rank-4
-    (N, C, H, W) array stored N, H, W, C (a torch channels_last tensor), "" a C-contiguous one."""
+    (N, C, H, W) array stored N, H, W, C (a torch channels_last tensor), "bshd" a [B, H, S, D]
+    array stored [B, S, H, D] (attention), "" a C-contiguous one (arrays.LAYOUTS)."""
 
     shape: tuple[int, ...]
     dtype: str
@@ -45,10 +46,10 @@ class TensorSpec:
 
     @property
     def storage_shape(self) -> tuple[int, ...]:
-        """The shape in memory order: (N, H, W, C) for "nhwc"."""
-        if self.layout == "nhwc":
-            n, c, h, w = self.shape
-            return (n, h, w, c)
+        """The shape in memory order: (N, H, W, C) for "nhwc", [B, S, H, D] for "bshd"."""
+        if self.layout:
+            from ..arrays import storage_shape
+            return storage_shape(self.shape, self.layout)
         return self.shape
 
     def __str__(self) -> str:
@@ -132,15 +133,17 @@ class Scalar:
 @dataclass(frozen=True)
 class TensorMap:
     """A by-value tensor-map argument (Hopper TMA) describing buffer `name` as a tensor of `dims`
-    elements (innermost first, dense rows: each dim's stride is the product of the ones before),
-    copied in boxes of `box` elements with a `swizzle` of 0, 32, 64 or 128 bytes; the backend
-    encodes it from the buffer's address at every bind (elements outside the tensor read as zeros)."""
+    elements (innermost first; `strides`: the element strides of dims 1.., dense when None: each
+    the product of the sizes before), copied in boxes of `box` elements with a `swizzle` of 0, 32,
+    64 or 128 bytes; the backend encodes it from the buffer's address at every bind (elements
+    outside the tensor read as zeros)."""
 
     name: str
     dtype: str
     dims: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int = 128
+    strides: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,8 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self, stream: int = 0) -> None: ...
 
-    def tensor_map(self, ptr: int, dtype: str, dims: Sequence[int], box: Sequence[int], swizzle: int) -> bytes:
+    def tensor_map(self, ptr: int, dtype: str, dims: Sequence[int], box: Sequence[int], swizzle: int,
+                   strides: Sequence[int] | None = None) -> bytes:
         """The 128 bytes of a TMA tensor map over `ptr` (see ops.base.TensorMap). Only CUDA has TMA."""
         raise BackendUnavailable(f"{self.name} backend: no tensor maps (TMA is an sm_90 feature)")
 

@@ -309,8 +309,9 @@ class CudaBackend(Backend):
         else:
             drv.call("cuCtxSynchronize")
 
-    def tensor_map(self, ptr: int, dtype: str, dims: Sequence[int], box: Sequence[int], swizzle: int) -> bytes:
-        return drv.encode_tensor_map(ptr, dtype, dims, box, swizzle)
+    def tensor_map(self, ptr: int, dtype: str, dims: Sequence[int], box: Sequence[int], swizzle: int,
+                   strides: Sequence[int] | None = None) -> bytes:
+        return drv.encode_tensor_map(ptr, dtype, dims, box, swizzle, strides)
 
     def capturing(self, stream: int = 0) -> bool:
         status = ctypes.c_int()

@@ -125,9 +125,10 @@ TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 TENSOR_MAP_L2_PROMOTION_256B = 3
 
 
-def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int) -> bytes:
-    """cuTensorMapEncodeTiled for a dense tensor (innermost dim first), zeros outside it. The driver
-    wants the 128-byte CUtensorMap 64-byte aligned: it is written into an over-sized buffer."""
+def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int, elem_strides: Any = None) -> bytes:
+    """cuTensorMapEncodeTiled (innermost dim first; element strides of dims 1.., dense when None),
+    zeros outside the tensor. The driver wants the 128-byte CUtensorMap 64-byte aligned: it is
+    written into an over-sized buffer."""
     code, itemsize = TENSOR_MAP_DTYPE[dtype]
     rank = len(dims)
     strides = []
@@ -135,6 +136,8 @@ def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int) -
     for d in dims[:-1]:
         step *= int(d)
         strides.append(step)
+    if elem_strides is not None:
+        strides = [int(s) * itemsize for s in elem_strides]
     buf = (ctypes.c_ubyte * 192)()
     base = (ctypes.addressof(buf) + 63) & ~63
     call("cuTensorMapEncodeTiled", base, code, rank, ptr,
