@@ -92,7 +92,7 @@ class TorchGraph:
 
     def _jitops(self, node: Any) -> Callable[[list], Any]:
         from jitops import engine
-        from jitops.arrays import logical_shape
+        from jitops.arrays import LAYOUTS, logical_shape
         from jitops.ops import get_op
         from jitops.onnx.optypes import op_type
         t = op_type(node.op_type)
@@ -101,8 +101,8 @@ class TorchGraph:
 
         memo: dict[tuple, dict[str, Any]] = {}
 
-        layout = t.fixed.get("layout")      # Conv2dNhwc*: x / residual / y stored N, H, W, C
-        nhwc = getattr(get_op(t.op), "LAYOUT_INPUTS", ()) if layout else ()
+        layout = t.fixed.get("layout")      # Conv2dNhwc*: x / residual / y stored N, H, W, C; *Bshd: B, S, H, D
+        stored = getattr(get_op(t.op), "LAYOUT_INPUTS", ()) if layout else ()
 
         def run(i: list) -> Any:
             tensors = {n: (i[k] if k < len(i) else None) for k, n in enumerate(names)}
@@ -110,10 +110,10 @@ class TorchGraph:
             key = tuple(shapes.items())
             attrs = memo.get(key)
             if attrs is None:
-                logical = {n: logical_shape(s, layout if n in nhwc else "") for n, s in shapes.items()}
+                logical = {n: logical_shape(s, layout if n in stored else "") for n, s in shapes.items()}
                 attrs = memo[key] = {**t.op_attrs(node_attrs, logical), **({"layout": layout} if layout else {})}
             y = engine.run(t.op, tensors, attrs)
-            # a layout node's y is a channels_last tensor of logical shape (N, C, H, W); the graph's
-            # value is that storage as (N, H, W, C), as ORT holds it (a view, no copy)
-            return y.permute(0, 2, 3, 1) if layout else y
+            # a layout node's y is a view of logical shape (N, C, H, W; B, H, S, D) over storage in
+            # the layout's order; the graph's value is that storage, as ORT holds it (a view, no copy)
+            return y.permute(*LAYOUTS[layout][0]) if layout else y
         return run

@@ -314,3 +314,22 @@ def test_corpus_float16_kernels_and_fallback_match_ort(corpus, name):
         ref = ort_session(model).run(None, f)[0]
         assert max_rel_error(sess.run(None, f)[0], ref) < 1e-2, (name, batch)
         assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < 1e-2, (name, batch)
+
+
+def test_torch_graph_runs_the_demo_models_bshd_attention_as_ort_does():
+    """examples/onnx_torch.py's TorchGraph (jitops nodes on torch tensors, the demo's torch path)
+    holds a *Bshd node's output in storage order [B, S, H, D], as ORT does: the demo model splits
+    heads the exporters' way, so its attention is an AttentionBshd node."""
+    import sys
+    from pathlib import Path
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from make_model import build_model
+    from onnx_torch import TorchGraph
+    model = build_model(16)
+    rw = jo.rewrite(model, input_shapes={"image": (1, 3, 16, 16)})
+    assert "AttentionBshd" in _types(rw)
+    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    y = TorchGraph(rw, device="cpu")({"image": torch.from_numpy(x)})[0]
+    ref = ort_session(model).run(None, {"image": x})[0]
+    assert tuple(y.shape) == ref.shape and max_rel_error(y.numpy(), ref) < 2e-5
