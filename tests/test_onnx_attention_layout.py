@@ -227,6 +227,14 @@ def test_a_missing_piece_keeps_the_plain_type():
     assert p.op_type == "MaskedAttention" and p.node_output == "pv"
 
 
+def test_an_attention_op_without_the_layout_keeps_the_plain_type(monkeypatch):
+    """A jitops whose attention op reads no [B, S, H, D] (no LAYOUT_INPUTS) takes today's node."""
+    from jitops.ops import get_op
+    monkeypatch.delattr(get_op("attention"), "LAYOUT_INPUTS")
+    [p] = jo.map_nodes(bert_attention())
+    assert p.supported and p.op_type == "MaskedAttention" and p.onnx_ops.count("Transpose") == 1
+
+
 def test_grouped_query_attention():
     """One kv head for two query heads (MatMul broadcasts it in the original)."""
     model = bert_attention(kv_heads=1, key="two")

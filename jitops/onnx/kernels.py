@@ -81,12 +81,12 @@ class Kernel:
         stored in it (Conv2dNhwc*: N, H, W, C; *AttentionBshd: B, S, H, D) and are described by
         their logical shape (N, C, H, W; B, H, S, D)."""
         layout = self.type.fixed.get("layout", "")
-        nhwc = set(getattr(get_op(self.type.op), "LAYOUT_INPUTS", ())) if layout else set()
+        stored = set(getattr(get_op(self.type.op), "LAYOUT_INPUTS", ())) if layout else set()
         out: dict[str, TensorSpec | None] = {}
         for n, s in shapes.items():
             if s is None:
                 out[n] = None
-            elif n in nhwc:
+            elif n in stored:
                 if len(s) != 4:
                     raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D ({layout}), got {list(s)}")
                 out[n] = TensorSpec(logical_shape(s, layout), dtypes[n], layout)
