@@ -82,12 +82,15 @@ def direct_calls(problems: list, backend: Any) -> None:
         ref = next(iter(op.reference(p.problem, inputs).values()))
         schedule, origin = engine.select_schedule(op, p.problem, backend.device)
         args = {n: _to_device(v, backend) for n, v in inputs.items()}
+        # inputs in storage order: a layout node's (AttentionBshd: [B, S, H, D]) are declared as such
+        layout = next((s.layout for s in p.problem.inputs().values() if s.layout), "")
         t0 = time.perf_counter()
-        got = getattr(jitops, p.op)(**args, **p.attrs)          # the public API call
+        got = getattr(jitops, p.op)(**args, **p.attrs, **({"layout": layout} if layout else {}))  # the public API
         first = time.perf_counter() - t0
-        err = rel_error(_to_host(got), ref)
+        got = _to_host(got, layout)
+        err = rel_error(got, ref)
         rtol, atol = op.tolerance(p.problem, schedule)
-        good = bool(np.allclose(np.asarray(_to_host(got), np.float64), ref, rtol=rtol * 10, atol=atol * 10 + 1e-6))
+        good = bool(np.allclose(np.asarray(got, np.float64), ref, rtol=rtol * 10, atol=atol * 10 + 1e-6))
         ok += good
         print(f"  jitops.{p.op:<11} {short(p.problem, 90)}")
         print(f"  {'':18} {schedule} [{origin}]  first call {first * 1e3:.0f} ms, max rel error {err:.1e} "
@@ -106,8 +109,12 @@ def _to_device(a: np.ndarray, backend: Any) -> Any:
     return torch.from_numpy(a).to("cuda")
 
 
-def _to_host(a: Any) -> np.ndarray:
-    return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+def _to_host(a: Any, layout: str = "") -> np.ndarray:
+    """A result as a host array in storage order (a torch result in a layout is a logical view)."""
+    if hasattr(a, "detach"):
+        from jitops.arrays import LAYOUTS
+        return (a.permute(*LAYOUTS[layout][0]) if layout else a).detach().cpu().numpy()
+    return np.asarray(a)
 
 
 # ---------------------------------------------------------------- 2. tuning
