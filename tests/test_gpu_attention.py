@@ -393,3 +393,49 @@ def test_decode_tma_repeat_calls_encode_each_pointer():
         got = jitops.attention(q, k, v, schedule=sched, out=out)
         err = float((got.double() - reference(q, k, v)).abs().max() / reference(q, k, v).abs().max())
         assert err <= 2e-3, (i, err)
+
+
+def bshd(b, h, s, d, dtype, offset=0):
+    """[B, H, S, D] view of a contiguous [B, S, H, D] tensor (x.transpose(1, 2)); offset elements in."""
+    flat = randn(b * s * h * d + offset, dtype=dtype)[offset:]
+    return flat.view(b, s, h, d).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_heads_inner_views_every_kernel(dtype):
+    """q / k / v as transposed [B, S, H, D] tensors (SDPA users' and the ONNX rewrite's layout), read in
+    place by every algorithm and tile family: fused_wgmma's 4-d tensor maps (plain and producer loops),
+    fused_mma prefill and decoding (packed GQA heads, split-KV merged by the kernel or, on sm_90, in a
+    cluster over TMA tiles), the SIMT kernels; mixed with a [B, H, S, D] KV cache; outputs are views of
+    the same form; views off 16-byte alignment take the plain-load paths."""
+    from jitops.ops.base import Schedule
+    if dtype == torch.bfloat16 and not jitops.get_backend().device.matrix_cores:
+        pytest.skip("bf16 runs on matrix cores")
+    q, k, v = bshd(2, 8, 201, 64, dtype), bshd(2, 2, 333, 64, dtype), bshd(2, 2, 333, 64, dtype)
+    mask = torch.randn(201, 333, device="cuda")
+    algs = [a for a in algorithms(dtype) if not (dtype == torch.bfloat16 and a in ("fused", "three_stage", "naive"))]
+    for alg in algs:
+        out = check(q, k, v, causal=True, schedule=alg)
+        assert out.transpose(1, 2).is_contiguous()
+        check(q, k, v, mask, schedule=alg)
+        check(q, k.contiguous(), v.contiguous(), schedule=alg)
+    got = jitops.attention(q, k, v, causal=True)
+    assert got.transpose(1, 2).is_contiguous() and got.shape == q.shape
+    if dtype == torch.float32 or not jitops.get_backend().device.matrix_cores:
+        return
+    dq, dk, dv = bshd(2, 32, 1, 128, dtype), bshd(2, 8, 5000, 128, dtype), bshd(2, 8, 5000, 128, dtype)
+    check(dq, dk, dv)
+    check(dq, dk, dv, causal="bottom_right")
+    decode = [Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8)]
+    if hopper():
+        decode += [Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=s,
+                                 tma=1, stages=3, **c) for s, c in ((1, {}), (4, {}), (4, {"cluster": 1}))]
+        decode += [Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1),
+                   Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1)]
+    for sched in decode:
+        if sched.algorithm == "fused_wgmma":
+            check(q, k, v, causal=True, schedule=sched)
+            uq, uk, uv = bshd(2, 8, 201, 64, dtype, 1), bshd(2, 2, 333, 64, dtype, 1), bshd(2, 2, 333, 64, dtype, 1)
+            check(uq, uk, uv, causal=True, schedule=sched)
+        else:
+            check(dq, dk, dv, causal="bottom_right", schedule=sched)
