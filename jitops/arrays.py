@@ -105,24 +105,42 @@ def _declared(ref: ArrayRef, name: str, op: str, layout: str) -> ArrayRef:
     return ref
 
 
+def _dense_in_order(shape: Sequence[int], strides: Sequence[int], order: Sequence[int]) -> bool:
+    """Strides of a dense array whose memory order lists the axes as `order` does (outermost first);
+    axes of size 1 may have any stride, as torch's is_contiguous allows."""
+    step = 1
+    for ax in reversed(order):
+        if shape[ax] != 1 and strides[ax] != step:
+            return False
+        step *= shape[ax]
+    return True
+
+
 def is_channels_last(t: Any) -> bool:
     """A torch tensor jitops reads as NHWC when it is not C-contiguous: 4-d and channels_last-contiguous
     (what wrap classifies, and what the repeat paths' signatures check)."""
-    return t.dim() == 4 and t.is_contiguous(memory_format=sys.modules["torch"].channels_last)
+    return t.dim() == 4 and _dense_in_order(t.shape, t.stride(), LAYOUTS["nhwc"][0])
 
 
 def is_bshd(t: Any) -> bool:
     """A 4-d torch tensor whose memory is a contiguous [B, S, H, D] array read as [B, H, S, D]
     (`x.transpose(1, 2)`): attention reads it in place."""
-    return t.dim() == 4 and t.transpose(1, 2).is_contiguous()
+    return t.dim() == 4 and _dense_in_order(t.shape, t.stride(), LAYOUTS["bshd"][0])
 
 
 def memory_format(t: Any) -> str | bool:
     """A torch tensor's memory format as the repeat paths' signatures record it: True (C order),
-    a LAYOUTS name, or False (another strided view)."""
+    a LAYOUTS name, or False (another strided view). One stride read, no views made: this runs
+    on every repeat call."""
     if t.is_contiguous():
         return True
-    return "nhwc" if is_channels_last(t) else "bshd" if is_bshd(t) else False
+    if t.dim() != 4:
+        return False
+    shape, strides = t.shape, t.stride()
+    for name, (order, _) in LAYOUTS.items():
+        if _dense_in_order(shape, strides, order):
+            return name
+    return False
 
 
 def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:

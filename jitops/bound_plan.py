@@ -183,14 +183,15 @@ class BoundPlan:
             return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         torch = sys.modules["torch"]
         tensor = torch.Tensor
-        # the memory format part of each input's signature: True (C order), "nhwc", "bshd" or False;
-        # the native check knows torch's memory formats, which have no name for "bshd"
+        # the memory format part of each input's signature: True (C order), "nhwc", "bshd" or False
         formats = [None if v is None else signature(v)[-1] if isinstance(v, tensor) else False for v in values]
-        if False in formats or "bshd" in formats or any(s.layout == "bshd" for s in self.prepared.problem.outputs().values()):
+        if False in formats:
             return None
-        # per input (type, shape, dtype, device, memory format: None = C order, else channels_last)
-        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device,
-                                               None if f is True else torch.channels_last)
+        # per input (type, shape, dtype, device, memory format: None = C order, torch.channels_last, or
+        # for "bshd", which torch has no memory format for, its axes' memory order: the native check
+        # compares strides)
+        native_format = {True: None, "nhwc": torch.channels_last, "bshd": LAYOUTS["bshd"][0]}
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device, native_format[f])
                        for v, f in zip(values, formats))
         natives = [getattr(step.run, "native", None) for step, _ in self.steps]
         fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]

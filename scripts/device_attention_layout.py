@@ -73,14 +73,18 @@ def one(timer, name, q_shape, kv_shape, causal, dtype):
            "SDPA bshd": (lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)) if gqa
            else (lambda: sdpa(q, k, v, is_causal=causal))}
     times = {n: timer.graph_us(f) for n, f in fns.items()}
-    eager = {n: timer.per_call_us(f) for n, f in (("jitops bshd", fns["jitops bshd"]), ("SDPA bshd", fns["SDPA bshd"]))}
+    # eager: back-to-back calls, the three taking turns trial by trial (the host path is the cost for
+    # small problems; bhsd and bshd both repeat through the native RepeatCall unless tensor maps keep
+    # them on the Python path)
+    eager = timer.eager_us({n: fns[n] for n in ("jitops bhsd", "jitops bshd", "SDPA bshd")}, calls=500)
     row = {"name": name, "dtype": str(dtype).split(".")[-1], "q": list(q_shape), "kv": list(kv_shape), "causal": causal,
            "pick_bshd": pick(q, k, v, causal).algorithm, "pick_bhsd": pick(qc, kc, vc, causal).algorithm,
            "err": errs, "graph_us": times, "eager_us": eager}
     print(f"{name:34s} {row['dtype']:8s} bhsd {times['jitops bhsd']:8.1f}  bshd {times['jitops bshd']:8.1f} "
           f"({times['jitops bhsd'] / times['jitops bshd']:.2f}x)  copies {times['via copies']:8.1f}  "
           f"SDPA {times['SDPA bshd']:8.1f}  bshd/SDPA {times['SDPA bshd'] / times['jitops bshd']:.2f}x  "
-          f"{row['pick_bshd']}  err {errs['bshd']:.1e}", flush=True)
+          f"{row['pick_bshd']}  err {errs['bshd']:.1e}  eager bhsd / bshd / SDPA {eager['jitops bhsd']:.1f} / "
+          f"{eager['jitops bshd']:.1f} / {eager['SDPA bshd']:.1f}", flush=True)
     return row
 
 

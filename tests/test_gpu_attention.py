@@ -439,3 +439,29 @@ def test_heads_inner_views_every_kernel(dtype):
             check(uq, uk, uv, causal=True, schedule=sched)
         else:
             check(dq, dk, dv, causal="bottom_right", schedule=sched)
+
+
+def test_heads_inner_views_take_the_native_repeat_path():
+    """Eager calls on x.transpose(1, 2) views repeat through the native RepeatCall (its format check
+    calls jitops.arrays.is_bshd, torch having no memory format for the layout), give heads-inner
+    views back, and a contiguous tensor of the same shape never runs the heads-inner plan."""
+    from jitops.engine import _cache
+    q, k, v = bshd(8, 12, 197, 64, torch.float16), bshd(8, 12, 197, 64, torch.float16), bshd(8, 12, 197, 64, torch.float16)
+    want = reference(q, k, v)
+    for _ in range(3):
+        out = jitops.attention(q, k, v)
+        torch.cuda.synchronize()
+        assert out.transpose(1, 2).is_contiguous()
+        assert float((out.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]
+    bound = [b for key, b in _cache.bound.items()
+             if key[0] == "attention" and any(isinstance(e, tuple) and "bshd" in e for e in key)]
+    assert bound and all(b is not None for b in bound)
+    op = get_op("attention")
+    pick = op.heuristic(op.make_problem({n: TensorSpec(tuple(t.shape), "float16", "bshd") for n, t in
+                                         (("q", q), ("k", k), ("v", v))} | {"mask": None}, {}),
+                        jitops.get_backend().device)
+    if not pick.get("tma"):                   # tensor-map arguments keep the Python repeat path
+        assert any(b.native is not None for b in bound), "heads-inner views missed the native path"
+    plain = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous())
+    torch.cuda.synchronize()
+    assert plain.is_contiguous() and float((plain.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]

@@ -57,9 +57,34 @@ int jt_sig_equal(PyObject* expect, const jt_sig* sig, Py_ssize_t n) {
   return 1;
 }
 
+/* 1 when v's strides are those of a dense array whose memory order lists v's axes as `order` does
+ * (outermost first; axes of size 1 may have any stride, as torch's is_contiguous), 0 not, -1 error. */
+static int dense_in_order(PyObject* v, PyObject* order) {
+  PyObject *shape = PyObject_GetAttr(v, jt_s_shape), *stride = shape ? PyObject_CallMethodObjArgs(v, jt_s_stride, NULL) : NULL;
+  Py_ssize_t k, n = PyTuple_GET_SIZE(order);
+  long long step = 1;
+  int ok = shape != NULL && stride != NULL ? 1 : -1;
+  if (ok == 1 && (!PyTuple_Check(shape) || !PyTuple_Check(stride) || PyTuple_GET_SIZE(shape) != n ||
+                  PyTuple_GET_SIZE(stride) != n)) ok = 0;
+  for (k = n - 1; ok == 1 && k >= 0; k--) {
+    Py_ssize_t ax = PyLong_AsSsize_t(PyTuple_GET_ITEM(order, k));
+    long long size, st;
+    if (ax < 0 || ax >= n) { ok = ax == -1 && PyErr_Occurred() ? -1 : 0; break; }
+    size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, ax));
+    st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, ax));
+    if ((size == -1 || st == -1) && PyErr_Occurred()) { ok = -1; break; }
+    if (size != 1 && st != step) ok = 0;
+    step *= size;
+  }
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  return ok;
+}
+
 /* 1 when every input has the memory format its `expect` entry names, 0 not, -1 error. Entry item 4
- * (absent or None): C-contiguous; else a memory format object (torch.channels_last) the array must be
- * contiguous in while not C-contiguous, as jitops.arrays reads it. */
+ * (absent or None): C-contiguous; a memory format object (torch.channels_last) the array must be
+ * contiguous in while not C-contiguous, as jitops.arrays reads it; or, for a layout torch has no
+ * memory format for ("bshd"), a tuple: the memory order of the logical axes (jitops.arrays.LAYOUTS). */
 int jt_formats_match(PyObject* expect, PyObject* inputs) {
   Py_ssize_t i;
   for (i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
@@ -76,7 +101,10 @@ int jt_formats_match(PyObject* expect, PyObject* inputs) {
       continue;
     }
     if (c) return 0;
-    {
+    if (PyTuple_Check(fmt)) {
+      if ((c = dense_in_order(v, fmt)) != 1) return c;
+      continue;
+    } else {
       PyObject *meth = PyObject_GetAttr(v, jt_s_is_contiguous), *args = PyTuple_New(0), *kw = NULL;
       if (meth != NULL && args != NULL) kw = Py_BuildValue("{s:O}", "memory_format", fmt);
       r = kw != NULL ? PyObject_Call(meth, args, kw) : NULL;

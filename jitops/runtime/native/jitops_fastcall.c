@@ -37,7 +37,7 @@ PyObject* jt_memory_released(PyObject* self, PyObject* noargs) {
   Py_RETURN_NONE;
 }
 
-PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version;
+PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version, *jt_s_stride;
 
 int jt_intern_names(void) {
   if (jt_s_data_ptr != NULL) return 0;
@@ -47,7 +47,9 @@ int jt_intern_names(void) {
   jt_s_device = PyUnicode_InternFromString("device");
   jt_s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
   jt_s_version = PyUnicode_InternFromString("_version");
-  return (jt_s_data_ptr && jt_s_shape && jt_s_dtype && jt_s_device && jt_s_is_contiguous && jt_s_version) ? 0 : -1;
+  jt_s_stride = PyUnicode_InternFromString("stride");
+  return (jt_s_data_ptr && jt_s_shape && jt_s_dtype && jt_s_device && jt_s_is_contiguous && jt_s_version &&
+          jt_s_stride) ? 0 : -1;
 }
 
 static PyObject* weak_target(PyObject* ref) { /* borrowed; Py_None once dead */

@@ -15,7 +15,7 @@ extern PyTypeObject JtRepeatCallType;
 PyObject* jt_fastcall_run(PyObject* call, PyObject* inputs); /* inputs: a tuple of the right signature;
                                                                 NotImplemented: a misaligned input */
 PyObject* jt_fastcall_expect(PyObject* call);                  /* borrowed: per input None or (type, shape, dtype, device) */
-extern PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version;
+extern PyObject *jt_s_data_ptr, *jt_s_shape, *jt_s_dtype, *jt_s_device, *jt_s_is_contiguous, *jt_s_version, *jt_s_stride;
 int jt_intern_names(void);
 
 /* jitops_dispatch.c: an op's table of RepeatCalls, and the call signatures they are checked by. */
