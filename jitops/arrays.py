@@ -6,9 +6,11 @@ in place). Results come back as the input's kind. Non-contiguous inputs are refu
 argument's name rather than copied behind the caller's back. Two strided forms of rank 4 are
 accepted, each a permutation of a dense array (LAYOUTS): "nhwc", a channels_last torch tensor (or
 an array the caller declares `layout="nhwc"`) whose logical shape is (N, C, H, W) and whose memory
-order is N, H, W, C; and "bshd", attention's [B, S, H, D] storage (FlashAttention's layout, and
-what a model has before it transposes heads forward) read as logical [B, H, S, D]: a torch
-tensor `x.transpose(1, 2)` of a contiguous [B, S, H, D] x, or an array declared `layout="bshd"`.
+order is N, H, W, C; and attention's heads-inner storage read as logical [B, H, S, D]: "bshd",
+[B, S, H, D] (FlashAttention's layout, and what a model has before it transposes heads forward: a
+torch tensor `x.transpose(1, 2)` of a contiguous [B, S, H, D] x, or an array declared
+`layout="bshd"`), and "sbhd", [S, B, H, D] (torch nn.MultiheadAttention's sequence-first
+projections: `x.permute(1, 2, 0, 3)`, or `layout="sbhd"`).
 
 bfloat16: torch.bfloat16 tensors and numpy arrays of `ml_dtypes.bfloat16` (importing ml_dtypes
 also lets numpy name the dtype "bfloat16").
@@ -93,7 +95,8 @@ def _contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
 
 # Each strided layout: the permutation from the logical axes to memory order (self-describing:
 # storage_shape applies it, logical_shape inverts it), and what its storage shape is called.
-LAYOUTS = {"nhwc": ((0, 2, 3, 1), "(N, H, W, C)"), "bshd": ((0, 2, 1, 3), "[B, S, H, D]")}
+LAYOUTS = {"nhwc": ((0, 2, 3, 1), "(N, H, W, C)"), "bshd": ((0, 2, 1, 3), "[B, S, H, D]"),
+           "sbhd": ((2, 0, 1, 3), "[S, B, H, D]")}
 
 
 def _declared(ref: ArrayRef, name: str, op: str, layout: str) -> ArrayRef:
@@ -145,7 +148,7 @@ def memory_format(t: Any) -> str | bool:
 
 def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
     """Classify one array argument; a clear error names the argument when it cannot be used.
-    `layout` ("nhwc", "bshd"): the caller declares a C-contiguous array's own shape to be the
+    `layout` ("nhwc", "bshd", "sbhd"): the caller declares a C-contiguous array's own shape to be the
     layout's storage shape; the ref then carries the logical shape. Strided torch views in a layout
     (channels_last, transposed [B, S, H, D]) need no declaration."""
     ref = _wrap(obj, name, op)
@@ -236,7 +239,7 @@ def current_stream(ref: ArrayRef) -> int:
 
 def storage_shape(shape: tuple, layout: str) -> tuple:
     """The shape in memory order: (N, H, W, C) for a logical (N, C, H, W) shape stored "nhwc",
-    [B, S, H, D] for a logical [B, H, S, D] stored "bshd"; the shape itself otherwise."""
+    [B, S, H, D] / [S, B, H, D] for a logical [B, H, S, D] stored "bshd" / "sbhd"; the shape itself otherwise."""
     if layout in LAYOUTS:
         return tuple(shape[a] for a in LAYOUTS[layout][0])
     return tuple(shape)

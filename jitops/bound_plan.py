@@ -188,10 +188,11 @@ class BoundPlan:
         if False in formats:
             return None
         # per input (type, shape, dtype, device, memory format: None = C order, torch.channels_last, or
-        # for "bshd", which torch has no memory format for, its axes' memory order: the native check
-        # compares strides)
-        native_format = {True: None, "nhwc": torch.channels_last, "bshd": LAYOUTS["bshd"][0]}
-        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device, native_format[f])
+        # for attention's layouts, which torch has no memory format for, their axes' memory order: the
+        # native check compares strides)
+        native_format = {True: None, "nhwc": torch.channels_last}
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device,
+                                               native_format[f] if f in native_format else LAYOUTS[f][0])
                        for v, f in zip(values, formats))
         natives = [getattr(step.run, "native", None) for step, _ in self.steps]
         fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]

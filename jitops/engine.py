@@ -150,12 +150,12 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
     if not refs:
         raise ArgumentError(op.INPUTS[0], "an array", None, op=op_name)
     as_they_are = (*layout_inputs, *getattr(op, "FORMAT_INPUTS", ()))
-    op_layout = getattr(op, "LAYOUT", "nhwc")
+    op_layouts = getattr(op, "LAYOUTS", ("nhwc",))
     for n, r in list(refs.items()):
-        if r.layout and (n not in as_they_are or r.layout != op_layout):
+        if r.layout and (n not in as_they_are or r.layout not in op_layouts):
             # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
             # but a copy per call and no repeat path: say once how to avoid it)
-            what = "channels_last" if r.layout == "nhwc" else f"{r.layout} (transposed [B, S, H, D])"
+            what = "channels_last" if r.layout == "nhwc" else f"{r.layout} ({arrays.LAYOUTS[r.layout][1]} storage)"
             _warn_once(f"{op_name}: '{n}' is a {what} tensor; it is copied to a contiguous one on "
                        f"every call (pass {n}.contiguous() once to avoid the copy)")
             refs[n] = arrays.wrap(r.obj.contiguous(), n, op_name, "")
@@ -176,16 +176,18 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
 
 def _split_layout(op: Any, op_name: str, attrs: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     """The `layout` attribute is the engine's, not the op's: it says how to read the arrays the
-    op declares in LAYOUT_INPUTS (the op's LAYOUT, "nhwc" unless it says otherwise: their own
-    shape is (N, H, W, C); "bshd": [B, S, H, D]). Returns it and the attributes the op sees."""
+    op declares in LAYOUT_INPUTS (one of the op's LAYOUTS, ("nhwc",) unless it says otherwise:
+    their own shape is then (N, H, W, C); attention's "bshd" / "sbhd": [B, S, H, D] / [S, B, H, D]).
+    Returns it and the attributes the op sees."""
     if "layout" not in attrs:
         return "", attrs
-    op_layout = getattr(op, "LAYOUT", "nhwc")
-    default = "bhsd" if op_layout == "bshd" else "nchw"
+    op_layouts = getattr(op, "LAYOUTS", ("nhwc",))
+    default = getattr(op, "DEFAULT_LAYOUT", "nchw")
     layout = attrs["layout"]
     layout = "" if layout in (None, "", default) else layout
-    if layout and (layout != op_layout or not getattr(op, "LAYOUT_INPUTS", ())):
-        allowed = f"None, '{default}' or '{op_layout}'" if getattr(op, "LAYOUT_INPUTS", ()) else "None"
+    if layout and (layout not in op_layouts or not getattr(op, "LAYOUT_INPUTS", ())):
+        allowed = (f"None, {', '.join(repr(x) for x in (default, *op_layouts))}"
+                   if getattr(op, "LAYOUT_INPUTS", ()) else "None")
         raise ArgumentError("layout", allowed, repr(attrs["layout"]), op=op_name)
     return layout, {k: v for k, v in attrs.items() if k != "layout"}
 

@@ -1,9 +1,10 @@
-"""Heads-inner attention ([B, S, H, D], layout "bshd") on a GPU, one command: every model shape of
-jitops.bench.attention in fp16 (and bf16 for a few), checked against float64 and timed (CUDA-graph
-replay, median of trials) four ways on the same data:
+"""Heads-inner attention ([B, S, H, D] "bshd", [S, B, H, D] "sbhd") on a GPU, one command: every model
+shape of jitops.bench.attention in fp16 (and bf16 for a few), checked against float64 and timed
+(CUDA-graph replay, median of trials) five ways on the same data:
 
   jitops bhsd      jitops.attention on contiguous [B, H, S, D] tensors (what was timed before)
   jitops bshd      jitops.attention on x.transpose(1, 2) views of [B, S, H, D] tensors (in place)
+  jitops sbhd      the same on x.permute(1, 2, 0, 3) views of [S, B, H, D] tensors (nn.MultiheadAttention)
   via copies       .contiguous() of q, k, v + jitops bhsd + the output transposed back: what a
                    model pays without the layout (the ONNX graphs' Transposes)
   SDPA bshd        torch SDPA on the same views (what torch users run)
@@ -36,13 +37,17 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 BF16 = {"ViT-B/16 S=197", "Llama3-8B prefill GQA causal", "SDXL self H=10 S=4096"}
 
 
-def heads_inner(shape, dtype):
+def heads_inner(shape, dtype, layout="bshd"):
     b, h, s, d = shape
+    if layout == "sbhd":
+        return torch.randn(s, b, h, d, device="cuda", dtype=dtype).permute(1, 2, 0, 3)
     return torch.randn(b, s, h, d, device="cuda", dtype=dtype).transpose(1, 2)
 
 
 def pick(q, k, v, causal):
-    specs = {n: TensorSpec(tuple(t.shape), str(t.dtype).split(".")[-1], "" if t.is_contiguous() else "bshd")
+    from jitops.arrays import memory_format
+    specs = {n: TensorSpec(tuple(t.shape), str(t.dtype).split(".")[-1],
+                           "" if t.is_contiguous() else memory_format(t))
              for n, t in (("q", q), ("k", k), ("v", v))}
     return op.heuristic(op.make_problem({**specs, "mask": None}, {"causal": causal}), jitops.get_backend().device)
 
@@ -50,10 +55,11 @@ def pick(q, k, v, causal):
 def one(timer, name, q_shape, kv_shape, causal, dtype):
     q, k, v = heads_inner(q_shape, dtype), heads_inner(kv_shape, dtype), heads_inner(kv_shape, dtype)
     qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+    qs, ks, vs = (t.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for t in (q, k, v))   # [S, B, H, D]
     ref = torch_reference(torch, qc, kc, vc, causal)
     scale = float(ref.abs().max())
     errs = {}
-    for label, args in (("bshd", (q, k, v)), ("bhsd", (qc, kc, vc))):
+    for label, args in (("bshd", (q, k, v)), ("bhsd", (qc, kc, vc)), ("sbhd", (qs, ks, vs))):
         out = jitops.attention(*args, causal=causal)
         torch.cuda.synchronize()
         errs[label] = float((out.double() - ref).abs().max()) / scale
@@ -69,6 +75,7 @@ def one(timer, name, q_shape, kv_shape, causal, dtype):
 
     fns = {"jitops bhsd": lambda: jitops.attention(qc, kc, vc, causal=causal),
            "jitops bshd": lambda: jitops.attention(q, k, v, causal=causal),
+           "jitops sbhd": lambda: jitops.attention(qs, ks, vs, causal=causal),
            "via copies": copies,
            "SDPA bshd": (lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)) if gqa
            else (lambda: sdpa(q, k, v, is_causal=causal))}
@@ -81,7 +88,7 @@ def one(timer, name, q_shape, kv_shape, causal, dtype):
            "pick_bshd": pick(q, k, v, causal).algorithm, "pick_bhsd": pick(qc, kc, vc, causal).algorithm,
            "err": errs, "graph_us": times, "eager_us": eager}
     print(f"{name:34s} {row['dtype']:8s} bhsd {times['jitops bhsd']:8.1f}  bshd {times['jitops bshd']:8.1f} "
-          f"({times['jitops bhsd'] / times['jitops bshd']:.2f}x)  copies {times['via copies']:8.1f}  "
+          f"({times['jitops bhsd'] / times['jitops bshd']:.2f}x)  sbhd {times['jitops sbhd']:8.1f}  copies {times['via copies']:8.1f}  "
           f"SDPA {times['SDPA bshd']:8.1f}  bshd/SDPA {times['SDPA bshd'] / times['jitops bshd']:.2f}x  "
           f"{row['pick_bshd']}  err {errs['bshd']:.1e}  eager bhsd / bshd / SDPA {eager['jitops bhsd']:.1f} / "
           f"{eager['jitops bshd']:.1f} / {eager['SDPA bshd']:.1f}", flush=True)
@@ -94,16 +101,21 @@ def sanitize_case():
     hop = jitops.get_backend().device.arch.rstrip("a") == "sm_90"
     cases = [((2, 4, 70, 64), (2, 2, 150, 64), True, "fused_mma"),
              ((2, 8, 3, 128), (2, 2, 700, 128), "bottom_right",
-              Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3))]
+              Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3)),
+             ((2, 8, 3, 128), (2, 2, 700, 128), "bottom_right",
+              Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3), "sbhd")]
     if hop:
         cases += [((2, 4, 150, 72), (2, 2, 200, 72), True, Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1)),
                   ((2, 4, 150, 64), (2, 2, 300, 64), False,
                    Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1)),
                   ((2, 8, 3, 128), (2, 2, 700, 128), "bottom_right",
                    Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=3,
-                                 tma=1, stages=3, cluster=1))]
-    for q_shape, kv_shape, causal, sched in cases:
-        q, k, v = heads_inner(q_shape, torch.float16), heads_inner(kv_shape, torch.float16), heads_inner(kv_shape, torch.float16)
+                                 tma=1, stages=3, cluster=1)),
+                  ((2, 4, 150, 72), (2, 2, 200, 72), True, Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1),
+                   "sbhd")]
+    for q_shape, kv_shape, causal, sched, *layout in cases:
+        lay = layout[0] if layout else "bshd"
+        q, k, v = (heads_inner(shape, torch.float16, lay) for shape in (q_shape, kv_shape, kv_shape))
         out = torch.full_like(q, float("nan"))
         jitops.attention(q, k, v, causal=causal, schedule=sched, out=out)
         torch.cuda.synchronize()
@@ -116,7 +128,7 @@ def sanitize_case():
             s = s.masked_fill(j > i + off, float("-inf"))
         ref = torch.softmax(s, -1) @ vr.double()
         err = float((out.double() - ref).abs().max() / ref.abs().max())
-        print(f"sanitize case {q_shape} {kv_shape} causal={causal} {sched}: err {err:.2e}", flush=True)
+        print(f"sanitize case {lay} {q_shape} {kv_shape} causal={causal} {sched}: err {err:.2e}", flush=True)
         assert err <= 2e-3
 
 
@@ -162,6 +174,7 @@ def main():
     geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))   # noqa: E731
     summary = {
         "bshd_vs_bhsd": geo([r["graph_us"]["jitops bhsd"] / r["graph_us"]["jitops bshd"] for r in rows]),
+        "sbhd_vs_bhsd": geo([r["graph_us"]["jitops bhsd"] / r["graph_us"]["jitops sbhd"] for r in rows]),
         "bshd_vs_copies": geo([r["graph_us"]["via copies"] / r["graph_us"]["jitops bshd"] for r in rows]),
         "bshd_vs_sdpa": geo([r["graph_us"]["SDPA bshd"] / r["graph_us"]["jitops bshd"] for r in rows]),
         "bhsd_vs_sdpa_bshd": geo([r["graph_us"]["SDPA bshd"] / r["graph_us"]["jitops bhsd"] for r in rows]),

@@ -395,14 +395,18 @@ def test_decode_tma_repeat_calls_encode_each_pointer():
         assert err <= 2e-3, (i, err)
 
 
-def bshd(b, h, s, d, dtype, offset=0):
-    """[B, H, S, D] view of a contiguous [B, S, H, D] tensor (x.transpose(1, 2)); offset elements in."""
+def bshd(b, h, s, d, dtype, offset=0, layout="bshd"):
+    """[B, H, S, D] view of a contiguous [B, S, H, D] tensor (x.transpose(1, 2)), or with layout
+    "sbhd" of a contiguous [S, B, H, D] one (x.permute(1, 2, 0, 3)); offset elements in."""
     flat = randn(b * s * h * d + offset, dtype=dtype)[offset:]
+    if layout == "sbhd":
+        return flat.view(s, b, h, d).permute(1, 2, 0, 3)
     return flat.view(b, s, h, d).transpose(1, 2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_heads_inner_views_every_kernel(dtype):
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "bshd"), (torch.float16, "bshd"), (torch.bfloat16, "bshd"),
+                                          (torch.float16, "sbhd"), (torch.bfloat16, "sbhd")])
+def test_heads_inner_views_every_kernel(dtype, layout):
     """q / k / v as transposed [B, S, H, D] tensors (SDPA users' and the ONNX rewrite's layout), read in
     place by every algorithm and tile family: fused_wgmma's 4-d tensor maps (plain and producer loops),
     fused_mma prefill and decoding (packed GQA heads, split-KV merged by the kernel or, on sm_90, in a
@@ -411,19 +415,19 @@ def test_heads_inner_views_every_kernel(dtype):
     from jitops.ops.base import Schedule
     if dtype == torch.bfloat16 and not jitops.get_backend().device.matrix_cores:
         pytest.skip("bf16 runs on matrix cores")
-    q, k, v = bshd(2, 8, 201, 64, dtype), bshd(2, 2, 333, 64, dtype), bshd(2, 2, 333, 64, dtype)
+    q, k, v = (bshd(2, h, n, 64, dtype, layout=layout) for h, n in ((8, 201), (2, 333), (2, 333)))
     mask = torch.randn(201, 333, device="cuda")
     algs = [a for a in algorithms(dtype) if not (dtype == torch.bfloat16 and a in ("fused", "three_stage", "naive"))]
     for alg in algs:
         out = check(q, k, v, causal=True, schedule=alg)
-        assert out.transpose(1, 2).is_contiguous()
+        assert out.stride() == q.stride()
         check(q, k, v, mask, schedule=alg)
         check(q, k.contiguous(), v.contiguous(), schedule=alg)
     got = jitops.attention(q, k, v, causal=True)
-    assert got.transpose(1, 2).is_contiguous() and got.shape == q.shape
+    assert got.stride() == q.stride() and got.shape == q.shape
     if dtype == torch.float32 or not jitops.get_backend().device.matrix_cores:
         return
-    dq, dk, dv = bshd(2, 32, 1, 128, dtype), bshd(2, 8, 5000, 128, dtype), bshd(2, 8, 5000, 128, dtype)
+    dq, dk, dv = (bshd(2, h, n, 128, dtype, layout=layout) for h, n in ((32, 3), (8, 5000), (8, 5000)))
     check(dq, dk, dv)
     check(dq, dk, dv, causal="bottom_right")
     decode = [Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8)]
@@ -435,7 +439,7 @@ def test_heads_inner_views_every_kernel(dtype):
     for sched in decode:
         if sched.algorithm == "fused_wgmma":
             check(q, k, v, causal=True, schedule=sched)
-            uq, uk, uv = bshd(2, 8, 201, 64, dtype, 1), bshd(2, 2, 333, 64, dtype, 1), bshd(2, 2, 333, 64, dtype, 1)
+            uq, uk, uv = (bshd(2, h, n, 64, dtype, 1, layout) for h, n in ((8, 201), (2, 333), (2, 333)))
             check(uq, uk, uv, causal=True, schedule=sched)
         else:
             check(dq, dk, dv, causal="bottom_right", schedule=sched)

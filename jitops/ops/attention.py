@@ -14,8 +14,10 @@ from .attention_problem import (CAUSAL_MODES, INPUTS, MAX_HEAD_DIM, NAME, Attent
                                 parse_problem, random_inputs, reference, tolerance)
 from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, variants
 
-# q, k and v may be stored [B, S, H, D]: a transposed torch view, or arrays declared layout="bshd"
-LAYOUT = "bshd"
+# q, k and v may be stored [B, S, H, D] or [S, B, H, D] (torch views of those, or arrays declared
+# layout="bshd" / "sbhd"); "bhsd" names the default
+LAYOUTS = ("bshd", "sbhd")
+DEFAULT_LAYOUT = "bhsd"
 LAYOUT_INPUTS = ("q", "k", "v")
 
 # Schedule-space generation (jitops.records): 1 since fused_wgmma with TMA (2026-11-25); records

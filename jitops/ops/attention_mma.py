@@ -265,10 +265,10 @@ def mma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
 
 def kv_tensor_map(p: AttentionProblem, name: str, block_k: int) -> TensorMap:
     """K or V for TMA in boxes of 64 columns x block_k rows: a dense (D, Sk, B * Hk) tensor, or for
-    [B, Sk, Hk, D] storage (D, Sk, Hk, B) with its strides (the kernels pass (head, batch) then)."""
-    if p.kv_layout == "bshd":
-        return TensorMap(name, p.dtype, (p.d, p.sk, p.kv_heads, p.batch), (64, block_k, 1, 1),
-                         strides=(p.kv_heads * p.d, p.d, p.sk * p.kv_heads * p.d))
+    heads-inner storage (D, Sk, Hk, B) with its strides (the kernels pass (head, batch) then)."""
+    if p.kv_layout:
+        sb, sh, ss = p.kv_strides()
+        return TensorMap(name, p.dtype, (p.d, p.sk, p.kv_heads, p.batch), (64, block_k, 1, 1), strides=(ss, sh, sb))
     return TensorMap(name, p.dtype, (p.d, p.sk, p.batch * p.kv_heads), (64, block_k, 1))
 
 
@@ -403,9 +403,9 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
     n = total_rows * p.d
     merge = Launch.make(MERGE_TEMPLATE, "attention_merge",
                         {"index_type": idx, "ctype": C_TYPE[p.dtype], "head_dim": p.d, "block": MERGE_BLOCK,
-                         "q_bshd": common["q_bshd"]},
+                         "q_layout": common["q_layout"]},
                         (ceil_div(n, MERGE_BLOCK),), (MERGE_BLOCK,),
                         (Buf("opart"), Buf("lse"), Buf("out"), Scalar(ikind, total_rows), Scalar("i32", splits),
-                         Scalar("i32", p.heads), Scalar("i32", p.sq)))
+                         Scalar("i32", p.heads), Scalar("i32", p.sq), Scalar("i32", p.batch)))
     return Plan(launches=(launch, merge), workspaces=(Workspace("opart", 4 * splits * n),
                                                        Workspace("lse", 4 * splits * total_rows)))

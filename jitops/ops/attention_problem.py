@@ -3,8 +3,9 @@
 Layouts: q [B, Sq, D] (seed 000) or [B, H, Sq, D]; k and v [B, Sk, D] or [B, Hk, Sk, D] with Hk
 dividing H (grouped-query attention: query head h reads kv head h // (H // Hk)); output like q.
 Rank-4 q (and out), and k with v, may each be stored [B, S, H, D] (layout "bshd": FlashAttention's
-layout, a model's projections before the head transpose; shapes stay logical [B, H, S, D]); the
-kernels read them in place.
+layout, a model's projections before the head transpose) or [S, B, H, D] ("sbhd": torch
+nn.MultiheadAttention's sequence-first projections); shapes stay logical [B, H, S, D]; the kernels
+read them in place.
 The mask is additive (float32 or q's dtype; -inf hides a key) and broadcasts, numpy style, to
 [B, H, Sq, Sk] ([B, Sq, Sk] for 3-D q).
 
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..arrays import LAYOUTS, inverse_permutation
 from ..errors import ArgumentError
 from .base import HALF_DTYPES, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
 
@@ -45,7 +47,7 @@ class AttentionProblem:
     scale: float
     mask_shape: tuple[int, ...] | None = None
     mask_dtype: str | None = None
-    q_layout: str = ""             # "" ([B, H, Sq, D] in memory) or "bshd"; out follows q
+    q_layout: str = ""             # "" ([B, H, Sq, D] in memory), "bshd" or "sbhd"; out follows q
     kv_layout: str = ""            # the same for k and v
 
     @property
@@ -84,11 +86,11 @@ class AttentionProblem:
 
     def q_strides(self) -> tuple[int, int, int]:
         """Element strides of q (and out) along (b, h, s)."""
-        return _strides(self.heads, self.sq, self.d, self.q_layout)
+        return _strides(self.batch, self.heads, self.sq, self.d, self.q_layout)
 
     def kv_strides(self) -> tuple[int, int, int]:
         """Element strides of k and v along (b, kv head, s)."""
-        return _strides(self.kv_heads, self.sk, self.d, self.kv_layout)
+        return _strides(self.batch, self.kv_heads, self.sk, self.d, self.kv_layout)
 
     def mask_strides(self) -> tuple[int, int, int, int]:
         """Element strides of the mask along (b, h, i, j); 0 where it broadcasts."""
@@ -120,9 +122,11 @@ class AttentionProblem:
         return int(n)
 
 
-def _strides(heads: int, rows: int, d: int, layout: str) -> tuple[int, int, int]:
+def _strides(batch: int, heads: int, rows: int, d: int, layout: str) -> tuple[int, int, int]:
     if layout == "bshd":
         return (rows * heads * d, d, heads * d)
+    if layout == "sbhd":
+        return (heads * d, d, batch * heads * d)
     return (heads * rows * d, rows * d, d)
 
 
@@ -195,7 +199,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
 
 
 def _layout_name(layout: str) -> str:
-    return "[B, S, H, D] (bshd)" if layout == "bshd" else "[B, H, S, D]"
+    return {"bshd": "[B, S, H, D] (bshd)", "sbhd": "[S, B, H, D] (sbhd)"}.get(layout, "[B, H, S, D]")
 
 
 def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
@@ -210,8 +214,8 @@ def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     k = parse_shape(spec.get("k", "x".join(map(str, q))))
     v = parse_shape(spec.get("v", "x".join(map(str, k))))
     layout = spec.get("layout", "")
-    if layout not in ("", "bhsd", "bshd") or (layout == "bshd" and len(q) != 4):
-        raise ArgumentError("layout", "bhsd or bshd (4-d q only)", layout, op=NAME)
+    if layout not in ("", "bhsd", "bshd", "sbhd") or (layout in ("bshd", "sbhd") and len(q) != 4):
+        raise ArgumentError("layout", "bhsd, bshd or sbhd (4-d q only)", layout, op=NAME)
     layout = "" if layout == "bhsd" else layout
     inputs = {"q": TensorSpec(q, dtype, layout), "k": TensorSpec(k, dtype, layout), "v": TensorSpec(v, dtype, layout),
               "mask": None}
@@ -252,12 +256,17 @@ def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> di
         total = e.sum(axis=-1, keepdims=True)
         out = np.einsum("bhij,bhjd->bhid", e, v) / np.where(total > 0, total, 1.0)
     out = np.where(total > 0, out, 0.0)
-    return {"out": out[:, 0] if p.rank == 3 else _logical(out, p.q_layout)}
+    return {"out": out[:, 0] if p.rank == 3 else _storage(out, p.q_layout)}
 
 
 def _logical(x: np.ndarray, layout: str) -> np.ndarray:
-    """[B, S, H, D] storage as [B, H, S, D] for "bshd" (the swap is its own inverse); x otherwise."""
-    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if layout == "bshd" else x
+    """Storage-order data as [B, H, S, D] (its layout's inverse permutation); x itself for the default."""
+    return np.ascontiguousarray(x.transpose(inverse_permutation(layout))) if layout else x
+
+
+def _storage(x: np.ndarray, layout: str) -> np.ndarray:
+    """[B, H, S, D] data in its layout's storage order."""
+    return np.ascontiguousarray(x.transpose(LAYOUTS[layout][0])) if layout else x
 
 
 def random_inputs(problem: AttentionProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:

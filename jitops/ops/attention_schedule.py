@@ -195,7 +195,7 @@ def _mask_args(p: AttentionProblem, idx: str) -> tuple[Buf | Scalar, ...]:
 def _common_params(p: AttentionProblem, idx: str) -> dict:
     return {"ctype": C_TYPE[p.dtype], "index_type": idx, "has_mask": p.has_mask,
             "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none",
-            "q_bshd": p.q_layout == "bshd", "kv_bshd": p.kv_layout == "bshd"}
+            "q_layout": p.q_layout or "bhsd", "kv_layout": p.kv_layout or "bhsd"}
 
 
 def _has_async_copy(device: DeviceInfo) -> bool:
@@ -216,7 +216,8 @@ def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> P
     _check_applicable(p, device, algorithm)
     scale_log2 = p.scale * LOG2E
     bh = p.batch * p.heads
-    tail = (Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", p.sq), Scalar("i32", p.sk))
+    tail = (Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", p.sq), Scalar("i32", p.sk),
+            Scalar("i32", p.batch))
     if algorithm in ("fused", "fused_mma", "fused_wgmma"):
         return _plan_fused(p, schedule, device, scale_log2, tail)
     if algorithm == "three_stage":
@@ -361,9 +362,9 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         pr = problem("float16", 64, mask=True, causal=True)
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=2, block_k=64)))
         # decoding, bf16: GQA heads packed, warps splitting the keys, split-KV partials + the merge kernel;
-        # q, k, v stored [B, S, H, D] (the heads-inner addressing of this family and of the merge)
-        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16", "bshd"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16", "bshd"),
-                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16", "bshd"), "mask": None}
+        # q, k, v stored [S, B, H, D] (the heads-inner addressing of this family and of the merge)
+        specs = {"q": TensorSpec((2, 8, 1, 72), "bfloat16", "sbhd"), "k": TensorSpec((2, 2, 4096, 72), "bfloat16", "sbhd"),
+                 "v": TensorSpec((2, 2, 4096, 72), "bfloat16", "sbhd"), "mask": None}
         pr = make_problem(specs, {"causal": "bottom_right"})
         out.append((pr, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True,
                                       splits=8)))

@@ -19,7 +19,7 @@ FLOAT_DTYPES = ("float32", "float16")
 HALF_DTYPES = ("float16", "bfloat16")      # 16-bit floats; an op accepts bfloat16 by listing it itself
 ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2}
 C_TYPE = {"float32": "float", "float16": "jt_half", "bfloat16": "jt_bf16"}
-LAYOUTS = ("", "nhwc")   # "": C-contiguous in the shape's order; "nhwc": logical NCHW stored N, H, W, C
+LAYOUTS = ("", "nhwc", "bshd", "sbhd")   # "": C-contiguous in the shape's order; the others: jitops.arrays.LAYOUTS
 INT32_MAX = 2**31 - 1
 
 
