@@ -31,7 +31,8 @@ TOL = {"float32": 2e-5, "float16": 3e-3}
 
 
 def mha_attention(dtype: str = "float32", masked: bool = False, target: str = "concat", opset: int = 17,
-                  share: str = "", out_perm: tuple = (2, 0, 1, 3), split_perm: tuple = (1, 0, 2), seq: int | None = None):
+                  share: str = "", out_perm: tuple = (2, 0, 1, 3), split_perm: tuple = (1, 0, 2),
+                  seq: int | None = None):
     """x [S, N, C] -> per-head Q, K, V as nn.MultiheadAttention writes them: MatMul, Reshape to
     [S, N*H, D], Transpose(1, 0, 2), Reshape to [N, H, S, D]; K^T = Transpose(0, 1, 3, 2) of K;
     attention; Transpose(2, 0, 1, 3) -> [S, N, H, D] -> Reshape [S, N, C]. N symbolic; S symbolic
@@ -151,7 +152,8 @@ def test_static_problem_keys_say_sbhd_and_match_what_the_ort_kernel_plans():
     assert p.inputs["q"].shape == (2, HEADS, 6, D) and p.inputs["q"].storage_shape == (6, 2, HEADS, D)
     before = set(kernels._kernels)
     f = feeds(2, 6, masked=True)
-    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")    # its kernels live with it
+    got = sess.run(None, f)[0]
     assert max_rel_error(got, ort_session(model).run(None, f)[0]) < TOL["float32"]
     from jitops.ops import get_op
     [k] = [k for kid, k in kernels._kernels.items() if kid not in before and k.type.name == "MaskedAttentionSbhd"]
