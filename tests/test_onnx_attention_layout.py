@@ -298,11 +298,11 @@ def _export(corpus, name: str, dtype: str = "float32"):
 
 
 @pytest.mark.parametrize("name,want,gone", [("bert", "MaskedAttentionBshd", 4), ("gpt", "MaskedAttentionBshd", 4),
-                                            ("vit", "Attention", 1)])
+                                            ("vit", "AttentionSbhd", 5)])
 def test_corpus_exports(corpus, name, want, gone):
     """BERT and GPT split heads with view + permute / transpose: their four transposes go. The ViT's
-    nn.MultiheadAttention works on [B * H, S, D] values (other permutations): the plain type, which
-    takes K^T's transpose alone."""
+    nn.MultiheadAttention works on [B * H, S, D] values (other permutations): the *Sbhd type, which
+    takes K^T's transpose, the three head splits' and the merge's (test_onnx_attention_mha.py)."""
     model = _export(corpus, name)
     [p] = [p for p in jo.map_nodes(model) if p.op == "attention"]
     assert p.op_type == want and p.onnx_ops.count("Transpose") == gone, p.describe()

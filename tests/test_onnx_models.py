@@ -30,9 +30,10 @@ EXPECTED = {
     "convnext": {"Conv2d": 2, "LayerNorm": 1},
     # the residual Adds (and a Linear's bias Add) go into the norm after them (skip_patterns.py); the
     # pre-norm ViT's first sum is read by the next residual too (the Sum type's second output)
-    "vit": {"Conv2d": 1, "LayerNorm": 1, "SkipLayerNormSum": 1, "SkipBiasLayerNorm": 1, "Attention": 1},
+    # nn.MultiheadAttention's head splits and merge go into the node (q, k, v, out stored [S, B, H, D])
+    "vit": {"Conv2d": 1, "LayerNorm": 1, "SkipLayerNormSum": 1, "SkipBiasLayerNorm": 1, "AttentionSbhd": 1},
     # BERT and GPT split heads with view + permute: the head transposes go into the node (q, k, v,
-    # out stored [B, S, H, D]); the ViT's nn.MultiheadAttention has other permutations
+    # out stored [B, S, H, D])
     "bert": {"MaskedAttentionBshd": 1, "SkipBiasLayerNorm": 2},
     "gpt": {"RmsNorm": 1, "MaskedAttentionBshd": 1},
     "groupnorm": {"Conv2d": 2, "GroupNorm": 1, "LeakyRelu": 1},

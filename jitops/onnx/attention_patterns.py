@@ -5,7 +5,9 @@ on the scores, on Q or on K^T (torch's SDPA puts sqrt(scale) on both, computed f
 is evaluated at rewrite time), an additive mask (Add) or a masked_fill (Where with a constant
 fill, taken as the additive mask Where(cond, fill, 0)), then MatMul with V. Where Q, K and V
 come from [B, S, H, D] values through head transposes and the output goes back through one (as
-exporters write multi-head attention), the *Bshd types take those transposes in as well.
+exporters write multi-head attention), the *Bshd types take those transposes in as well. Where
+they come from [S, B*H, D] values through Transpose + Reshape and the output goes to [S, B, H, D]
+(torch's nn.MultiheadAttention, as torchvision's ViT uses it), the *Sbhd types take those.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from .graph import GraphView
 from .matchers import Candidate, Match, Namer, Rejection, _extra_outputs_used, _same_domain
-from .optypes import BSHD_PERM
+from .optypes import BSHD_PERM, SBHD_PERM
 
 
 def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
@@ -171,6 +173,12 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         sources, transposes, out = heads
         yield Candidate(op_type + "Bshd", covered + k_nodes + transposes, sources + ([mask] if mask else []),
                         attrs, out, constants=mask_consts, extra_nodes=extra_mask, values=mask_values)
+    mha = None if heads is not None else _mha_heads(view, q, k, extra, pv, covered + k_nodes, namer)
+    if mha is not None:
+        sources, taken, out, reshapes, shape_consts, shapes = mha
+        yield Candidate(op_type + "Sbhd", covered + k_nodes + taken, sources + ([mask] if mask else []), attrs,
+                        out, constants={**mask_consts, **shape_consts}, extra_nodes=extra_mask + reshapes,
+                        values={**mask_values, **shapes})
     inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
     yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=mask_consts,
                     extra_nodes=extra_mask + extra, values={**values, **mask_values})
@@ -226,6 +234,79 @@ def _head_transposes(view: GraphView, q: str, k: str, k_extra: list[Any], pv: An
     if out_shape is None or len(out_shape) != 4 or _perm(view, out_t) != list(BSHD_PERM):
         return None
     return [q_t.input[0], k_src, v_t.input[0]], [q_t, *k_ts, v_t, out_t], out_t.output[0]
+
+
+def _from_sbhd(view: GraphView, value: str, pattern: set[int]) -> tuple[str, list[Any], list[Any], int, int] | None:
+    """nn.MultiheadAttention's head split: `value` [B, H, S, D] is Reshape(Transpose(X, perm=[1, 0, 2]))
+    of a 3-D X [S, B*H, D], the Transpose read by the Reshape and the Reshape by one node of the
+    pattern (other readers only Shape nodes, which must die with the pattern: _dead_with). Then
+    Reshape(X, [S, B, H, D]) holds the same numbers in [S, B, H, D] order: (X, [Transpose, Reshape],
+    the Shape readers, H, D). None unless H and D are known and the Reshape only splits the leading
+    axis (its S and D those of its input; a symbolic S must be symbolic on both sides)."""
+    reshape = view.producer.get(value)
+    if reshape is None or reshape.op_type != "Reshape" or not _same_domain(reshape) or value in view.outputs:
+        return None
+    users = view.consumers.get(value, [])
+    if sum(id(u) in pattern for u in users) != 1:
+        return None
+    t = view.producer.get(reshape.input[0])
+    if t is None or t.op_type != "Transpose" or not _same_domain(t) or t.output[0] in view.outputs:
+        return None
+    shape_readers = [u for u in users if id(u) not in pattern] + \
+        [u for u in view.consumers.get(t.output[0], []) if u is not reshape]
+    if any(u.op_type != "Shape" or not _same_domain(u) for u in shape_readers):
+        return None
+    src, out = view.shape(t.output[0]), view.shape(value)
+    if src is None or out is None or len(src) != 3 or len(out) != 4 or _perm(view, t) != [1, 0, 2]:
+        return None
+    _, h, s, d = out
+    if h is None or d is None or src[2] != d or s != src[1]:
+        return None
+    return t.input[0], [t, reshape], shape_readers, h, d
+
+
+def _dead_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool]) -> bool:
+    """True when everything `node` computes is read only by nodes in `gone` (the replaced ones),
+    directly or through nodes of which the same holds: then the rewrite's orphan pass drops it, as
+    it drops the Shape -> Gather -> Concat chains torch computes reshape targets and scales with."""
+    if id(node) not in memo:
+        memo[id(node)] = False      # a cycle or a repeat visit in progress: not dead
+        readers = [u for o in node.output if o for u in view.consumers.get(o, [])]
+        memo[id(node)] = bool(readers) and _same_domain(node) and not any(a.type in (5, 10) for a in node.attribute) \
+            and not any(o in view.outputs for o in node.output) \
+            and all(id(u) in gone or _dead_with(view, u, gone, memo) for u in readers)
+    return memo[id(node)]
+
+
+def _mha_heads(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pattern: list[Any], namer: Namer
+               ) -> tuple[list[str], list[Any], str, list[Any], dict, dict] | None:
+    """When Q, K and V are nn.MultiheadAttention's head splits of [S, B*H, D] values (_from_sbhd)
+    and the output's only reader is Transpose(perm=[2, 0, 1, 3]) to [S, B, H, D], the node reads
+    Reshape(X, [0, -1, H, D]) of each X ([S, B, H, D]; ORT's Reshape aliases its input) and writes that
+    Transpose's output: the head transposes and the merge run inside it. Returns (sources, covered
+    Transposes and Reshapes, output, new Reshapes, their shape constants, their value types); None
+    when any piece is missing (K must be one of the splits as it is: _key_input took K^T's
+    transpose) or a Shape of a replaced value would outlive the rewrite."""
+    from onnx import helper
+    ids = {id(n) for n in pattern}
+    found = [_from_sbhd(view, v, ids) for v in (q, k, pv.input[1])]
+    out_t = view.only_consumer(pv.output[0])
+    if k_extra or None in found or out_t is None or out_t.op_type != "Transpose" or not _same_domain(out_t) \
+            or len(view.shape(pv.output[0]) or ()) != 4 or _perm(view, out_t) != list(SBHD_PERM):
+        return None
+    covered = [n for _, pieces, _, _, _ in found for n in pieces] + [out_t]
+    gone, memo = ids | {id(n) for n in covered}, {}
+    if not all(_dead_with(view, u, gone, memo) for _, _, readers, _, _ in found for u in readers):
+        return None
+    sources, reshapes, consts, values = [], [], {}, {}
+    for x, _, _, h, d in found:
+        name, target = namer(x, "sbhd"), namer(x, "sbhd_shape")
+        consts[target] = np.array([0, -1, h, d], np.int64)     # 0: S copied, -1: B = (B*H) / H
+        reshapes.append(helper.make_node("Reshape", [x, target], [name], name=namer(x, "sbhd_reshape")))
+        s, bh, _ = view.shape(x) or (None, None, None)
+        values[name] = ((s, None if bh is None else bh // h, h, d), view.dtype(x))
+        sources.append(name)
+    return sources, covered, out_t.output[0], reshapes, consts, values
 
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:

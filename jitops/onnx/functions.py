@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .layout import TO_NCHW, TO_NHWC
-from .optypes import BSHD_PERM, DOMAIN, OP_TYPES, OpType
+from .optypes import DOMAIN, HEAD_LAYOUTS, OP_TYPES, OpType
 
 _ATTR_TYPES = {"int": 2, "float": 1, "string": 3, "ints": 7, "floats": 6}   # AttributeProto.AttributeType
 
@@ -180,15 +180,18 @@ def _leaky_relu(t: OpType, opset: int) -> list[Any]:
 def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     masked = "mask" in t.inputs
     refs = (_ref("scale", "float"), _ref("is_causal", "int"))
-    if t.fixed.get("layout") == "bshd":
-        # Q, K, V and Y stored [B, S, H, D]: the head transposes the node took in, around the body.
-        plain = OP_TYPES[t.name.removesuffix("Bshd")]
-        head = [_node("Transpose", [v], [v + "bhsd"], perm=list(BSHD_PERM)) for v in ("Q", "K", "V")]
+    layout = t.fixed.get("layout", "")
+    if layout in HEAD_LAYOUTS:
+        # Q, K, V and Y stored [B, S, H, D] or [S, B, H, D]: the transposes to and from [B, H, S, D]
+        # that the node took in (or stand for its head reshapes), around the plain body.
+        perm = list(HEAD_LAYOUTS[layout])
+        plain = OP_TYPES[t.name.removesuffix(layout.capitalize())]
+        head = [_node("Transpose", [v], [v + "bhsd"], perm=[perm.index(i) for i in range(4)]) for v in ("Q", "K", "V")]
         body = _attention(plain, opset, attention_op)
         for n in body:
             n.input[:] = [v + "bhsd" if v in ("Q", "K", "V") else v for v in n.input]
             n.output[:] = ["Ybhsd" if v == "Y" else v for v in n.output]
-        return head + body + [_node("Transpose", ["Ybhsd"], ["Y"], perm=list(BSHD_PERM))]
+        return head + body + [_node("Transpose", ["Ybhsd"], ["Y"], perm=perm)]
     if opset >= 23 and attention_op:
         # ONNX Attention where the nodes replaced Attention-23 nodes (4-D; is_causal, default scale);
         # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.

@@ -28,6 +28,7 @@ from ..runtime import current_backend, get_backend
 from ..runtime.base import Backend
 from ..runtime.fastlaunch import on_memory_released
 from .native import JtTensor as JT_TENSOR
+from .nodes import op_layout_inputs
 from .optypes import OpType, op_type
 
 log = logging.getLogger("jitops.onnx")
@@ -78,10 +79,10 @@ class Kernel:
     def specs(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
               ) -> dict[str, TensorSpec | None]:
         """The op's view of ORT's tensors: on a type with a layout the op's layout inputs arrive
-        stored in it (Conv2dNhwc*: N, H, W, C; *AttentionBshd: B, S, H, D) and are described by
-        their logical shape (N, C, H, W; B, H, S, D)."""
+        stored in it (Conv2dNhwc*: N, H, W, C; *AttentionBshd: B, S, H, D; *AttentionSbhd: S, B, H, D)
+        and are described by their logical shape (N, C, H, W; B, H, S, D)."""
         layout = self.type.fixed.get("layout", "")
-        stored = set(getattr(get_op(self.type.op), "LAYOUT_INPUTS", ())) if layout else set()
+        stored = set(op_layout_inputs(self.type.op, layout)) if layout else set()
         out: dict[str, TensorSpec | None] = {}
         for n, s in shapes.items():
             if s is None:

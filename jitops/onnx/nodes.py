@@ -157,10 +157,18 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
 
 def _stored_inputs(t: Any) -> tuple[str, frozenset[str]]:
     """A type's fixed layout and the op inputs whose graph values are stored in it (the *Bshd
-    attention types read [B, S, H, D] values); ('', {}) for the others. Empty inputs with a layout:
-    the op has no such layout (its module declares no LAYOUT_INPUTS)."""
+    attention types read [B, S, H, D] values, *Sbhd [S, B, H, D]); ('', {}) for the others. Empty
+    inputs with a layout: the op has no such layout (its module declares no LAYOUT_INPUTS, or its
+    LAYOUTS do not name it), so the pattern falls back to a plain type."""
     layout = t.fixed.get("layout", "")
-    return layout, frozenset(getattr(get_op(t.op), "LAYOUT_INPUTS", ()) if layout else ())
+    return layout, frozenset(op_layout_inputs(t.op, layout) if layout else ())
+
+
+def op_layout_inputs(op_name: str, layout: str) -> tuple[str, ...]:
+    """The inputs op `op_name` reads stored in `layout`; () when it has no such layout (the op's
+    LAYOUTS, "nhwc" alone where it declares none, as jitops.engine reads them)."""
+    op = get_op(op_name)
+    return tuple(getattr(op, "LAYOUT_INPUTS", ())) if layout in getattr(op, "LAYOUTS", ("nhwc",)) else ()
 
 
 # Norm fallback bodies spelled out in standard ops below these opsets (functions.py)

@@ -15,6 +15,9 @@ from typing import Any, Mapping, Sequence
 DOMAIN = "jitops"
 DOMAIN_VERSION = 1
 BSHD_PERM = (0, 2, 1, 3)     # [B, S, H, D] <-> [B, H, S, D] (its own inverse): the "bshd" attention types
+SBHD_PERM = (2, 0, 1, 3)     # [B, H, S, D] -> [S, B, H, D]: the "sbhd" types (nn.MultiheadAttention's order)
+# Attention's storage layouts: the logical [B, H, S, D] axes in storage order (as jitops.arrays.LAYOUTS).
+HEAD_LAYOUTS = {"bshd": BSHD_PERM, "sbhd": SBHD_PERM}
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,11 @@ OP_TYPES: dict[str, OpType] = {t.name: t for t in [
            (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
     OpType("MaskedAttentionBshd", "attention", ("q", "k", "v", "mask"), frozenset(),
            (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
+    # Stored [S, B, H, D]: torch's nn.MultiheadAttention, whose head splits and merge go into the node.
+    OpType("AttentionSbhd", "attention", ("q", "k", "v"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "sbhd"}, outputs=("out",)),
+    OpType("MaskedAttentionSbhd", "attention", ("q", "k", "v", "mask"), frozenset(),
+           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "sbhd"}, outputs=("out",)),
 ]}
 
 
