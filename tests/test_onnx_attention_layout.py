@@ -28,13 +28,15 @@ TOL = {"float32": 2e-5, "float16": 3e-3}
 
 
 def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231", opset: int = 17,
-                   share: str = "", kv_heads: int = HEADS):
+                   share: str = "", kv_heads: int = HEADS, split: str = "heads"):
     """x [N, S, C] -> per-head Q, K, V by Linear + Reshape + Transpose -> attention -> Transpose +
     Reshape -> [N, S, C], N and S symbolic. key: K^T as Transpose(0, 2, 3, 1) of [N, S, H, D]
     ("0231", torch's k.permute(0, 2, 3, 1) or view + transpose folded), or as Transpose(0, 2, 1, 3)
     then Transpose(0, 1, 3, 2) ("two"). share: a value a Neg node reads as well ("q", "k", "v": the
     head transposes' outputs (K^T for "0231"), "pv": the P.V product, "out": the head-merged
-    output). kv_heads < HEADS: grouped-query attention."""
+    output, "q4", "k4", "v4": a head split Reshape's output). kv_heads < HEADS: grouped-query
+    attention. split: the head split Reshapes' target, "heads" [0, 0, H, D], "infer" [0, 0, -1, D]
+    (H unknown under a symbolic S), "seq" [0, -1, H, D / 2] (S doubled: not a split of E alone)."""
     rng = np.random.default_rng(0)
     n = helper.make_node
     kv = kv_heads * D
@@ -42,7 +44,9 @@ def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231
              "wv": rng.standard_normal((C, kv)) * 0.3, "scale": np.array(np.sqrt(D))}
     init = [numpy_helper.from_array(np.asarray(v, dtype), k) for k, v in inits.items()]
     init += [numpy_helper.from_array(np.array(s, np.int64), k) for k, s in
-             (("q_shape", [0, 0, HEADS, D]), ("kv_shape", [0, 0, kv_heads, D]), ("out_shape", [0, 0, C]))]
+             (("q_shape", {"heads": [0, 0, HEADS, D], "infer": [0, 0, -1, D], "seq": [0, -1, HEADS, D // 2]}[split]),
+              ("kv_shape", {"heads": [0, 0, kv_heads, D], "infer": [0, 0, -1, D], "seq": [0, -1, kv_heads, D // 2]}[split]),
+              ("out_shape", [0, 0, C]))]
     nodes = [n("MatMul", ["x", "wq"], ["xq"]), n("MatMul", ["x", "wk"], ["xk"]), n("MatMul", ["x", "wv"], ["xv"]),
              n("Reshape", ["xq", "q_shape"], ["q4"]), n("Reshape", ["xk", "kv_shape"], ["k4"]),
              n("Reshape", ["xv", "kv_shape"], ["v4"]),
@@ -65,7 +69,7 @@ def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231
               n("Reshape", ["merged", "out_shape"], ["y"])]
     outputs = [tensor_info("y", ["N", "S", C], dtype)]
     if share:
-        value = {"q": "q", "v": "v", "k": "kt" if key == "0231" else "k", "out": "merged", "pv": "pv"}[share]
+        value = {"q": "q", "v": "v", "k": "kt" if key == "0231" else "k", "out": "merged", "pv": "pv"}.get(share, share)
         nodes.append(n("Neg", [value], ["side"]))
         outputs.append(tensor_info("side", None, dtype))
     g = helper.make_graph(nodes, "bert_attention", inputs, outputs, init)
@@ -108,16 +112,16 @@ def test_head_transposes_are_taken_into_the_node(masked, key):
     want = "MaskedAttentionBshd" if masked else "AttentionBshd"
     assert p.supported and p.op_type == want, p.describe()
     transposes = 5 if key == "two" else 4
-    assert p.onnx_ops.count("Transpose") == transposes
-    assert p.node_inputs[:3] == ("q4", "k4", "v4") and p.node_output == "merged"
+    assert p.onnx_ops.count("Transpose") == transposes and p.onnx_ops.count("Reshape") == 4
+    # the head split Reshapes' inputs [B, S, H*D] in, the merge Reshape's output [B, S, H*D] out
+    assert p.node_inputs[:3] == ("xq", "xk", "xv") and p.node_output == "y" and p.node_attrs["num_heads"] == HEADS
     # the op sees [B, H, S, D] stored as [B, S, H, D]; sizes symbolic: planned per call
     assert all(p.inputs[n].layout == "bshd" and p.inputs[n].shape == (-1, HEADS, -1, D) for n in "qkv")
     assert p.problem is None and p.dynamic
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
-    assert _types(rw) == [want] and _count(rw, "Transpose") == 0
+    assert _types(rw) == [want] and _count(rw, "Transpose") == 0 and _count(rw, "Reshape") == 0
     assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1
-    assert [n.op_type for n in rw.graph.node if n.op_type == "Reshape"] == ["Reshape"] * 4   # left as they are
 
 
 def test_static_problem_keys_say_bshd_and_match_what_the_ort_kernel_plans():
@@ -125,7 +129,10 @@ def test_static_problem_keys_say_bshd_and_match_what_the_ort_kernel_plans():
     build the same one from the [B, S, H, D] tensors it gets, or tuned schedules are not applied."""
     model = bert_attention()
     [p] = jo.supported_nodes(model, input_shapes={"x": (2, 6, C), "mask": (2, 1, 1, 6)})
-    assert p.problem is not None and "bshd" in p.key, p.key
+    assert p.problem is not None and "bshd" in p.key and p.node_attrs["num_heads"] == HEADS, p.key
+    # the same attention with its head Reshapes left in the graph (num_heads 0, 4-D tensors): one key
+    [p4] = jo.supported_nodes(bert_attention(share="q4"), input_shapes={"x": (2, 6, C), "mask": (2, 1, 1, 6)})
+    assert p4.op_type == p.op_type and "num_heads" not in p4.node_attrs and p4.key == p.key
     assert p.inputs["q"].shape == (2, HEADS, 6, D) and p.inputs["q"].storage_shape == (2, 6, HEADS, D)
     before = set(kernels._kernels)
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
