@@ -36,7 +36,8 @@ def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231
     head transposes' outputs (K^T for "0231"), "pv": the P.V product, "out": the head-merged
     output, "q4", "k4", "v4": a head split Reshape's output). kv_heads < HEADS: grouped-query
     attention. split: the head split Reshapes' target, "heads" [0, 0, H, D], "infer" [0, 0, -1, D]
-    (H unknown under a symbolic S), "seq" [0, -1, H, D / 2] (S doubled: not a split of E alone)."""
+    (H from a graph input "heads": unknown to the rewrite), "seq" [0, -1, H, D / 2] (S doubled: not
+    a split of E alone)."""
     rng = np.random.default_rng(0)
     n = helper.make_node
     kv = kv_heads * D
@@ -44,10 +45,12 @@ def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231
              "wv": rng.standard_normal((C, kv)) * 0.3, "scale": np.array(np.sqrt(D))}
     init = [numpy_helper.from_array(np.asarray(v, dtype), k) for k, v in inits.items()]
     init += [numpy_helper.from_array(np.array(s, np.int64), k) for k, s in
-             (("q_shape", {"heads": [0, 0, HEADS, D], "infer": [0, 0, -1, D], "seq": [0, -1, HEADS, D // 2]}[split]),
-              ("kv_shape", {"heads": [0, 0, kv_heads, D], "infer": [0, 0, -1, D], "seq": [0, -1, kv_heads, D // 2]}[split]),
-              ("out_shape", [0, 0, C]))]
+             (("q_shape", {"heads": [0, 0, HEADS, D], "seq": [0, -1, HEADS, D // 2]}.get(split, [])),
+              ("kv_shape", {"heads": [0, 0, kv_heads, D], "seq": [0, -1, kv_heads, D // 2]}.get(split, [])),
+              ("out_shape", [0, -1, C] if split == "seq" else [0, 0, C]), ("lead", [0, 0]), ("d", [D]))]
     nodes = [n("MatMul", ["x", "wq"], ["xq"]), n("MatMul", ["x", "wk"], ["xk"]), n("MatMul", ["x", "wv"], ["xv"]),
+             *([n("Concat", ["lead", "heads", "d"], ["q_shape"], axis=0), n("Identity", ["q_shape"], ["kv_shape"])]
+               if split == "infer" else []),
              n("Reshape", ["xq", "q_shape"], ["q4"]), n("Reshape", ["xk", "kv_shape"], ["k4"]),
              n("Reshape", ["xv", "kv_shape"], ["v4"]),
              n("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3], name="q_heads"),
@@ -59,6 +62,9 @@ def bert_attention(dtype: str = "float32", masked: bool = True, key: str = "0231
                   n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="k_t")]
     nodes += [n("MatMul", ["q", "kt"], ["scores"]), n("Div", ["scores", "scale"], ["scaled"])]
     inputs = [tensor_info("x", ["N", "S", C], dtype)]
+    if split == "infer":
+        init = [t for t in init if t.name not in ("q_shape", "kv_shape")]
+        inputs.append(tensor_info("heads", [1], "int64"))
     last = "scaled"
     if masked:
         nodes.append(n("Add", ["scaled", "mask"], ["masked"]))
@@ -207,13 +213,62 @@ def test_a_value_read_outside_the_pattern_keeps_the_plain_type(share, key):
 
 
 def test_the_merged_output_may_have_other_readers():
-    """The node writes the head-merged value itself: it may be read by any number of nodes."""
+    """The node writes the head-merged value itself: it may be read by any number of nodes (then
+    the merge Reshape is not the only one, and the node keeps all four Reshapes: 4-D tensors)."""
     model = bert_attention(share="out")
+    [p] = jo.map_nodes(model)
+    assert p.node_output == "merged" and "num_heads" not in p.node_attrs
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0
+    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0 and _count(rw, "Reshape") == 4
     f = feeds(2, 5)
     for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
         assert max_rel_error(got, ref) < 1e-6
+
+
+@pytest.mark.parametrize("case", ["q4", "k4", "v4", "infer", "seq", "gqa"])
+def test_head_reshapes_stay_unless_all_split_exactly_h_by_d(case):
+    """The node takes the Reshapes only when all of them split (merge) E alone into H x D with H
+    known and K, V of Q's head count, and it is their only reader. Otherwise it is today's node:
+    the same *Bshd type on the 4-D values, every Reshape left in the graph, the same outputs."""
+    kw = {"q4": {"share": "q4"}, "k4": {"share": "k4"}, "v4": {"share": "v4"}, "infer": {"split": "infer"},
+          "seq": {"split": "seq", "masked": False}, "gqa": {"kv_heads": 1, "key": "two"}}[case]
+    model = bert_attention(**kw)
+    [p] = [p for p in jo.map_nodes(model) if p.op == "attention"]
+    masked = kw.get("masked", True)
+    assert p.supported and p.op_type == ("Masked" if masked else "") + "AttentionBshd", p.describe()
+    assert "num_heads" not in p.node_attrs and "Reshape" not in p.onnx_ops
+    assert p.node_inputs[:3] == ("q4", "k4", "v4") and p.node_output == "merged"
+    rw = jo.rewrite(model)
+    [node] = [n for n in rw.graph.node if n.domain == jo.DOMAIN]
+    assert "num_heads" not in {a.name for a in node.attribute} and _count(rw, "Reshape") == 4
+    f = {**feeds(2, 6, masked=masked), **({"heads": np.array([HEADS])} if case == "infer" else {})}
+    ref = ort_session(model).run(None, f)
+    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)
+    for a, b in zip(got, ref):
+        assert max_rel_error(a, b) < TOL["float32"]
+    for a, b in zip(ort_session(rw).run(None, f), ref):     # the body's reshapes are identities here
+        assert max_rel_error(a, b) < 1e-6
+
+
+def test_head_reshapes_with_shape_readers_that_die_with_the_node():
+    """A Shape of a head split's output that only feeds the replaced nodes (torch computes targets
+    and scales so) does not keep the Reshapes: the rewrite's orphan pass drops it."""
+    model = bert_attention()
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "three"))
+    at = next(i for i, n in enumerate(g.node) if n.op_type == "Div")
+    g.node[at].input[1] = "q4_sqrt"       # the scale sqrt(D) computed from q4's shape, as torch exports it
+    for node in reversed([helper.make_node("Shape", ["q4"], ["q4_shape"]),
+                          helper.make_node("Gather", ["q4_shape", "three"], ["q4_dim"], axis=0),
+                          helper.make_node("Cast", ["q4_dim"], ["q4_d"], to=1),
+                          helper.make_node("Sqrt", ["q4_d"], ["q4_sqrt"])]):
+        g.node.insert(at, node)
+    [p] = jo.map_nodes(model)
+    assert p.node_attrs.get("num_heads") == HEADS and p.node_inputs[:3] == ("xq", "xk", "xv"), p.describe()
+    rw = jo.rewrite(model)
+    assert _count(rw, "Shape") == 0 and _count(rw, "Reshape") == 0
+    f = feeds(2, 5)
+    assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
 
 
 def test_a_missing_piece_keeps_the_plain_type():
