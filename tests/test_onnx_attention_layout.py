@@ -2,13 +2,15 @@
 
 Exporters split heads with Reshape + Transpose(0, 2, 1, 3) around MatMul/Softmax/MatMul and merge
 them back with Transpose(0, 2, 1, 3) + Reshape. The rewrite takes those four Transposes into the
-attention node (all of them or none), so they no longer run as ORT nodes. Checked here: which graphs
+attention node (all of them or none), so they no longer run as ORT nodes, and the four Reshapes
+as well where each splits (merges) E = H x D alone and is read by the pattern alone (num_heads). Checked here: which graphs
 are taken and which are not, the node count, problem keys, and the outputs of the rewritten model
 (jitops kernels on the emulator, and the fallback bodies without the jitops library) against ONNX
 Runtime on the original model, with a symbolic batch and sequence.
 """
 from __future__ import annotations
 
+import struct
 import warnings
 
 import numpy as np
@@ -344,6 +346,60 @@ def test_gpu_provider_branch_reads_and_writes_bshd_buffers(monkeypatch):
         kernels._kernels.pop(-11, None)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_gpu_provider_branch_with_num_heads_reads_and_writes_3d_buffers(monkeypatch, layout):
+    """num_heads > 0 on the CUDA / ROCm branch: ORT's 3-D buffers ([B, S, H*D]; sbhd [S, B*H, D])
+    go to the pointer runner as they are, ORT allocates the output with the merged dims ([B, S, H*D];
+    sbhd stays [S, B, H, D]) and the replay blob records those dims; the problem is the one of the
+    4-D node (num_heads 0), so tuning records and bundles are shared."""
+    from jitops.onnx.native import JtTensor
+    from jitops.onnx.optypes import op_type
+    from jitops.ops import get_op
+    from jitops.runtime import current_backend
+    rng = np.random.default_rng(6)
+    b, s = 2, 5
+    q4, k4, v4 = (rng.standard_normal((b, s, HEADS, D) if layout == "bshd" else (s, b, HEADS, D))
+                  .astype(np.float32) for _ in "qkv")
+    mask = np.where(rng.random((b, 1, 1, s)) < 0.3, -1e4, 0.0).astype(np.float32)
+    as_bshd = (lambda a: a) if layout == "bshd" else (lambda a: a.transpose(1, 0, 2, 3))
+    ref = as_bshd(_attention64(as_bshd(q4), as_bshd(k4), as_bshd(v4), mask, np.float32(0.3)))
+    flat = (lambda a: a.reshape(b, s, C)) if layout == "bshd" else (lambda a: a.reshape(s, b * HEADS, D))
+    outs, dims = [], []
+
+    class FakeOrt:
+        def jitops_ort_output(self, call, index, d, ndim):
+            dims.append(tuple(d[:ndim]))
+            outs.append(np.full(dims[-1], np.nan, dtype=np.float32))
+            return outs[-1].ctypes.data
+
+    monkeypatch.setattr(kernels, "_lib", FakeOrt())
+    name = "MaskedAttention" + layout.capitalize()
+    keys = []
+    for kid, heads, arrays in ((-12, HEADS, [flat(a) for a in (q4, k4, v4)]), (-13, 0, [q4, k4, v4])):
+        kern = kernels.Kernel(op_type(name), 1, "float32", {"scale": 0.3, "num_heads": heads}, current_backend())
+        kernels._kernels[kid] = kern
+        try:
+            tensors = (JtTensor * 4)()
+            for t, a in zip(tensors, (*arrays, mask)):
+                t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
+                for d, n in enumerate(a.shape):
+                    t.dims[d] = n
+            kernels.compute(kid, 0, 4, tensors, 0)
+        finally:
+            kernels._kernels.pop(kid, None)
+        want = (b, s, C) if heads and layout == "bshd" else ref.shape
+        assert dims[-1] == want and max_rel_error(outs[-1].reshape(ref.shape), ref) < 2e-6
+        [(plan_key, (attrs, out_specs))] = kern.plans.items()
+        assert [rank for _, _, _, rank in out_specs] == [len(want)]
+        # the replay blob's output dims are ORT's (what the C++ side hands ORT on a replay)
+        blob = kernels.replay_blob([], out_specs)
+        assert blob[:8] == struct.pack("<II", 1, len(want)) and blob[8:8 + 8 * len(want)] == struct.pack(
+            f"<{len(want)}q", *want)
+        specs = kern.specs({n: sh for n, sh, _ in plan_key}, {n: dt for n, _, dt in plan_key if dt})
+        keys.append(get_op("attention").make_problem(specs, attrs).key())
+    assert keys[0] == keys[1] and layout in keys[0]
+
+
 # ---------------------------------------------------------------- the torch corpus
 
 @pytest.fixture(scope="module")
@@ -368,22 +424,31 @@ def test_corpus_exports(corpus, name, want, gone):
     model = _export(corpus, name)
     [p] = [p for p in jo.map_nodes(model) if p.op == "attention"]
     assert p.op_type == want and p.onnx_ops.count("Transpose") == gone, p.describe()
+    # num_heads: BERT / GPT's three head splits and the merge; the ViT's three 4-D splits (its
+    # [S * B, E] merge stays: the *Sbhd output is 4-D)
+    assert p.node_attrs["num_heads"] == 2 and p.onnx_ops.count("Reshape") == (3 if name == "vit" else 4)
     rw = jo.rewrite(model)
     assert _count(rw, "Transpose") == _count(model, "Transpose") - gone
+    assert _count(rw, "Reshape") == _count(model, "Reshape") - p.onnx_ops.count("Reshape")
+    assert len(rw.graph.node) <= len(model.graph.node) - len(p.covered) + 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("name", ["bert", "gpt"])
-def test_corpus_float16_kernels_and_fallback_match_ort(corpus, name):
-    model = _export(corpus, name, "float16")
+def test_corpus_kernels_and_fallback_match_ort(corpus, name, dtype):
+    model = _export(corpus, name, dtype)
     rw = jo.rewrite(model)
     assert "MaskedAttentionBshd" in _types(rw)
+    [node] = [n for n in rw.graph.node if n.op_type == "MaskedAttentionBshd"]
+    assert {a.name: a.i for a in node.attribute}.get("num_heads") == 2     # the 3-D tensors
+    tol = 1e-2 if dtype == "float16" else 1e-4
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     for batch, seq in ((1, 4), (2, 7)):
         f = corpus.example_inputs(name, seed=batch, x_0=batch, x_1=seq, mask_0=batch, mask_1=seq)
-        f = {k: v.astype(np.float16) for k, v in f.items()}
+        f = {k: v.astype(dtype) for k, v in f.items()}
         ref = ort_session(model).run(None, f)[0]
-        assert max_rel_error(sess.run(None, f)[0], ref) < 1e-2, (name, batch)
-        assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < 1e-2, (name, batch)
+        assert max_rel_error(sess.run(None, f)[0], ref) < tol, (name, batch)
+        assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < tol, (name, batch)
 
 
 def test_torch_graph_runs_the_demo_models_bshd_attention_as_ort_does():

@@ -5,9 +5,12 @@ on the scores, on Q or on K^T (torch's SDPA puts sqrt(scale) on both, computed f
 is evaluated at rewrite time), an additive mask (Add) or a masked_fill (Where with a constant
 fill, taken as the additive mask Where(cond, fill, 0)), then MatMul with V. Where Q, K and V
 come from [B, S, H, D] values through head transposes and the output goes back through one (as
-exporters write multi-head attention), the *Bshd types take those transposes in as well. Where
-they come from [S, B*H, D] values through Transpose + Reshape and the output goes to [S, B, H, D]
-(torch's nn.MultiheadAttention, as torchvision's ViT uses it), the *Sbhd types take those.
+exporters write multi-head attention), the *Bshd types take those transposes in as well, and the
+head split / merge Reshapes ([B, S, H*D] <-> [B, S, H, D]) around them where all four qualify
+(num_heads = H: the node reads and writes the 3-D tensors, one fewer ORT node each). Where they
+come from [S, B*H, D] values through Transpose + Reshape and the output goes to [S, B, H, D]
+(torch's nn.MultiheadAttention, as torchvision's ViT uses it), the *Sbhd types take those and
+read the [S, B*H, D] values as they are (num_heads = H).
 """
 from __future__ import annotations
 
