@@ -21,6 +21,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import helper, numpy_helper  # noqa: E402
 
 import jitops.onnx as jo  # noqa: E402
+from jitops.errors import JitopsError  # noqa: E402
 from jitops.onnx import kernels  # noqa: E402
 from jitops.onnx.testing import max_rel_error, ort_session, tensor_info  # noqa: E402
 
@@ -398,6 +399,14 @@ def test_gpu_provider_branch_with_num_heads_reads_and_writes_3d_buffers(monkeypa
         specs = kern.specs({n: sh for n, sh, _ in plan_key}, {n: dt for n, _, dt in plan_key if dt})
         keys.append(get_op("attention").make_problem(specs, attrs).key())
     assert keys[0] == keys[1] and layout in keys[0]
+    # num_heads says the tensors are 3-D: a 4-D one (or one that does not split) is an error, not a guess
+    kern = kernels.Kernel(op_type(name), 1, "float32", {"scale": 0.3, "num_heads": HEADS}, current_backend())
+    shapes = {"q": q4.shape, "k": q4.shape, "v": q4.shape, "mask": mask.shape}
+    with pytest.raises(JitopsError, match="heads"):
+        kern.specs(shapes, dict.fromkeys(shapes, "float32"))
+    with pytest.raises(JitopsError, match="heads"):
+        kern.specs({**shapes, "q": (b, s, C + 1) if layout == "bshd" else (s, b * HEADS + 1, D)},
+                   dict.fromkeys(shapes, "float32"))
 
 
 # ---------------------------------------------------------------- the torch corpus

@@ -106,7 +106,7 @@ class Kernel:
                 out[n] = None
             elif n in stored:
                 st = self.stored(n, s)
-                if len(st) != 4:
+                if len(st) != 4 or (self.num_heads and len(s) != 3):    # num_heads: the 3-D tensors only
                     heads = f", or 3-D splitting into {self.num_heads} heads" if self.num_heads else ""
                     raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D ({layout}{heads}), "
                                       f"got {list(s)}")

@@ -119,8 +119,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         if shape is None:
             reason = reason or f"the rank of '{vname}' is not known (pass input_shapes=...)"
         elif jname in stored:   # the value holds the input in `layout` order; the op sees the logical shape
-            shape = head_storage_shape(layout, tuple(shape), heads)
-            if len(shape) != 4:
+            given, shape = len(shape), head_storage_shape(layout, tuple(shape), heads)
+            if len(shape) != 4 or (heads and given != 3):
                 reason = reason or f"'{vname}' is not 4-D (jitops::{t.name} reads it as {layout}" + \
                     (f" with num_heads={heads})" if heads else ")")
             else:
