@@ -3,10 +3,10 @@
 Exporters split heads with Reshape + Transpose(0, 2, 1, 3) around MatMul/Softmax/MatMul and merge
 them back with Transpose(0, 2, 1, 3) + Reshape. The rewrite takes those four Transposes into the
 attention node (all of them or none), so they no longer run as ORT nodes, and the four Reshapes
-as well where each splits (merges) E = H x D alone and is read by the pattern alone (num_heads). Checked here: which graphs
-are taken and which are not, the node count, problem keys, and the outputs of the rewritten model
-(jitops kernels on the emulator, and the fallback bodies without the jitops library) against ONNX
-Runtime on the original model, with a symbolic batch and sequence.
+as well where each splits (merges) E = H x D alone and is read by the pattern alone (num_heads).
+Checked here: which graphs are taken and which are not, the node count, problem keys, and the
+outputs of the rewritten model (jitops kernels on the emulator, and the fallback bodies without the
+jitops library) against ONNX Runtime on the original model, with a symbolic batch and sequence.
 """
 from __future__ import annotations
 

@@ -200,7 +200,8 @@ def _head_reshapes(layout: str) -> tuple[list[Any], list[Any]]:
         return nodes, []
     merge = [_node("Shape", ["Q"], ["qshape"]), _const("start", [0]), _const("end", [-1]),
              _node("Slice", ["qshape", "start", "end"], ["qlead"]), _const("minus1", [-1]),
-             _node("Concat", ["qlead", "minus1"], ["merge_shape"], axis=0), _node("Reshape", ["Y4", "merge_shape"], ["Y"])]
+             _node("Concat", ["qlead", "minus1"], ["merge_shape"], axis=0),
+             _node("Reshape", ["Y4", "merge_shape"], ["Y"])]
     return nodes, merge
 
 
