@@ -94,7 +94,7 @@ class TorchGraph:
         from jitops import engine
         from jitops.arrays import LAYOUTS, logical_shape
         from jitops.ops import get_op
-        from jitops.onnx.optypes import op_type
+        from jitops.onnx.optypes import head_output_shape, head_storage_shape, op_type
         t = op_type(node.op_type)
         node_attrs = _attrs(node)
         names = t.inputs
@@ -104,8 +104,13 @@ class TorchGraph:
         layout = t.fixed.get("layout")      # Conv2dNhwc*: x / residual / y stored N, H, W, C; *Bshd: B, S, H, D
         stored = getattr(get_op(t.op), "LAYOUT_INPUTS", ()) if layout else ()
 
+        heads = int(node_attrs.get("num_heads", 0))    # *Bshd / *Sbhd reading the 3-D tensors around head Reshapes
+
         def run(i: list) -> Any:
             tensors = {n: (i[k] if k < len(i) else None) for k, n in enumerate(names)}
+            if heads:
+                tensors = {n: (v.reshape(head_storage_shape(layout, tuple(v.shape), heads)) if n in stored
+                               and v is not None else v) for n, v in tensors.items()}
             shapes = {n: tuple(v.shape) for n, v in tensors.items() if v is not None}
             key = tuple(shapes.items())
             attrs = memo.get(key)
@@ -115,5 +120,6 @@ class TorchGraph:
             y = engine.run(t.op, tensors, attrs)
             # a layout node's y is a view of logical shape (N, C, H, W; B, H, S, D) over storage in
             # the layout's order; the graph's value is that storage, as ORT holds it (a view, no copy)
-            return y.permute(*LAYOUTS[layout][0]) if layout else y
+            y = y.permute(*LAYOUTS[layout][0]) if layout else y
+            return y.reshape(head_output_shape(layout, tuple(y.shape), heads)) if heads else y
         return run

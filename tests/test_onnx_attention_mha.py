@@ -133,14 +133,14 @@ def test_head_splits_and_merge_are_taken_into_the_node(masked, target, seq):
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
     assert _types(rw) == [want] and _count(rw, "Transpose") == 0
-    # the node reads Reshape(X, [0, -1, H, D]) of each [S, N*H, D] value
-    new = [n for n in rw.graph.node if n.op_type == "Reshape" and n.output[0] in p.node_inputs]
-    assert [n.input[0] for n in new] == ["q3", "k3", "v3"]
-    consts = {t.name: numpy_helper.to_array(t) for t in rw.graph.initializer}
-    assert all(consts[n.input[1]].tolist() == [0, -1, HEADS, D] for n in new)
-    # node count: the group and the 4-D target's computation (Shape, Gathers, Concat) go; 3 Reshapes come
+    # the node reads each [S, N*H, D] value as it is (num_heads says how its middle axis splits)
+    assert list(p.node_inputs[:3]) == ["q3", "k3", "v3"] and p.node_attrs["num_heads"] == HEADS
+    [node] = [n for n in rw.graph.node if n.domain == jo.DOMAIN]
+    assert {a.name: a.i for a in node.attribute if a.name == "num_heads"} == {"num_heads": HEADS}
+    assert _count(rw, "Reshape") == _count(model, "Reshape") - 3     # the 4-D splits went, none inserted
+    # node count: the group and the 4-D target's computation (Shape, Gathers, Concat) go, nothing comes
     target_nodes = {"concat": 5, "const": 0}[target]
-    assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1 + 3 - target_nodes
+    assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1 - target_nodes
 
 
 def test_static_problem_keys_say_sbhd_and_match_what_the_ort_kernel_plans():
@@ -286,7 +286,9 @@ def test_corpus_vit_is_rewritten_to_sbhd(corpus, opset, monkeypatch):
     plain = jo.rewrite(model)
     assert "AttentionSbhd" not in _types(plain) and "Attention" in _types(plain)
     assert _count(plain, "Transpose") == _count(rw, "Transpose") + 4
-    assert len(rw.graph.node) <= len(plain.graph.node) - 4 - 3 + 3 - 3   # at least the three Concats
+    # the node reads the [S, B*H, D] values (num_heads): no Reshape is inserted for them
+    assert p.node_attrs["num_heads"] == HEADS and _count(rw, "Reshape") == _count(plain, "Reshape") - 3
+    assert len(rw.graph.node) <= len(plain.graph.node) - 4 - 3 - 3   # at least the three Concats
 
 
 @pytest.mark.parametrize("opset,dtype", [(14, "float32"), (17, "float32"), (17, "float16"), ("dynamo", "float32")])

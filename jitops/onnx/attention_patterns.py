@@ -5,9 +5,12 @@ on the scores, on Q or on K^T (torch's SDPA puts sqrt(scale) on both, computed f
 is evaluated at rewrite time), an additive mask (Add) or a masked_fill (Where with a constant
 fill, taken as the additive mask Where(cond, fill, 0)), then MatMul with V. Where Q, K and V
 come from [B, S, H, D] values through head transposes and the output goes back through one (as
-exporters write multi-head attention), the *Bshd types take those transposes in as well. Where
-they come from [S, B*H, D] values through Transpose + Reshape and the output goes to [S, B, H, D]
-(torch's nn.MultiheadAttention, as torchvision's ViT uses it), the *Sbhd types take those.
+exporters write multi-head attention), the *Bshd types take those transposes in as well, and the
+head split / merge Reshapes ([B, S, H*D] <-> [B, S, H, D]) around them where all four qualify
+(num_heads = H: the node reads and writes the 3-D tensors, one fewer ORT node each). Where they
+come from [S, B*H, D] values through Transpose + Reshape and the output goes to [S, B, H, D]
+(torch's nn.MultiheadAttention, as torchvision's ViT uses it), the *Sbhd types take those and
+read the [S, B*H, D] values as they are (num_heads = H).
 """
 from __future__ import annotations
 
@@ -171,14 +174,19 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     heads = _head_transposes(view, q, k, extra, pv, covered + k_nodes)
     if heads is not None:
         sources, transposes, out = heads
-        yield Candidate(op_type + "Bshd", covered + k_nodes + transposes, sources + ([mask] if mask else []),
+        pattern = covered + k_nodes + transposes
+        split = _head_reshapes(view, sources, out, pattern)
+        if split is not None:
+            sources, reshapes, out, h = split
+            pattern, attrs = pattern + reshapes, {**attrs, "num_heads": h}
+        yield Candidate(op_type + "Bshd", pattern, sources + ([mask] if mask else []),
                         attrs, out, constants=mask_consts, extra_nodes=extra_mask, values=mask_values)
     mha = None if heads is not None else _mha_heads(view, q, k, extra, pv, covered + k_nodes, namer)
     if mha is not None:
-        sources, taken, out, reshapes, shape_consts, shapes = mha
-        yield Candidate(op_type + "Sbhd", covered + k_nodes + taken, sources + ([mask] if mask else []), attrs,
-                        out, constants={**mask_consts, **shape_consts}, extra_nodes=extra_mask + reshapes,
-                        values={**mask_values, **shapes})
+        sources, taken, out, h = mha
+        yield Candidate(op_type + "Sbhd", covered + k_nodes + taken, sources + ([mask] if mask else []),
+                        {**attrs, "num_heads": h}, out, constants=mask_consts, extra_nodes=extra_mask,
+                        values=mask_values)
     inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
     yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=mask_consts,
                     extra_nodes=extra_mask + extra, values={**values, **mask_values})
@@ -236,6 +244,50 @@ def _head_transposes(view: GraphView, q: str, k: str, k_extra: list[Any], pv: An
     return [q_t.input[0], k_src, v_t.input[0]], [q_t, *k_ts, v_t, out_t], out_t.output[0]
 
 
+def _head_split(view: GraphView, x4: str) -> tuple[str, Any, int, int] | None:
+    """The head split Reshape([B, S, H*D] -> [B, S, H, D]) that makes the 4-D `x4`: (its 3-D input,
+    the Reshape, H, D). None unless H and D are known, the last axis alone is split (B and S the
+    same dims on both sides, known or the same symbolic dim) and E = H * D."""
+    reshape = view.producer.get(x4)
+    if reshape is None or reshape.op_type != "Reshape" or not _same_domain(reshape) or x4 in view.outputs:
+        return None
+    x, src, out = reshape.input[0], view.shape(reshape.input[0]), view.shape(x4)
+    if src is None or out is None or len(src) != 3 or len(out) != 4:
+        return None
+    _, _, h, d = out
+    if h is None or d is None or src[2] != h * d or not (view.same_dim(x, 0, x4, 0) and view.same_dim(x, 1, x4, 1)):
+        return None
+    return x, reshape, h, d
+
+
+def _head_reshapes(view: GraphView, sources: list[str], out: str, pattern: list[Any]
+                   ) -> tuple[list[str], list[Any], str, int] | None:
+    """When the *Bshd node's Q, K and V ([B, S, H, D]) are head split Reshapes of [B, S, E] values
+    (_head_split) and its output's only reader merges the heads back to [B, S, E], the node reads
+    and writes the 3-D values (num_heads = H; the same bytes): ([q, k, v] 3-D sources, the Reshapes,
+    the merged output, H). K and V must have Q's head count (GQA keeps its Reshapes); all or none."""
+    split = [_head_split(view, x4) for x4 in sources]
+    if None in split:
+        return None
+    # the 4-D values are read by the replaced nodes alone, or by Shape chains that die with them
+    gone, memo = {id(n) for n in pattern} | {id(r) for _, r, _, _ in split}, {}
+    if not all(id(u) in gone or (u.op_type == "Shape" and _dead_with(view, u, gone, memo))
+               for x4 in sources for u in view.consumers.get(x4, [])):
+        return None
+    h, dv = split[0][2], split[2][3]
+    merge = view.only_consumer(out)
+    if any(found[2] != h for found in split) or merge is None or merge.op_type != "Reshape" \
+            or not _same_domain(merge) or out in view.outputs or len(view.consumers.get(out, [])) != 1:
+        return None
+    y, q = merge.output[0], split[0][0]
+    shape = view.shape(y)
+    if shape is None or len(shape) != 3 or shape[2] != h * dv or not (view.same_dim(y, 0, q, 0)
+                                                                       and view.same_dim(y, 1, q, 1)):
+        return None
+    reshapes = list({id(r): r for _, r, _, _ in split}.values()) + [merge]
+    return [x for x, _, _, _ in split], reshapes, y, h
+
+
 def _from_sbhd(view: GraphView, value: str, pattern: set[int]) -> tuple[str, list[Any], list[Any], int, int] | None:
     """nn.MultiheadAttention's head split: `value` [B, H, S, D] is Reshape(Transpose(X, perm=[1, 0, 2]))
     of a 3-D X [S, B*H, D], the Transpose read by the Reshape and the Reshape by one node of the
@@ -279,34 +331,27 @@ def _dead_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool]
 
 
 def _mha_heads(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pattern: list[Any], namer: Namer
-               ) -> tuple[list[str], list[Any], str, list[Any], dict, dict] | None:
+               ) -> tuple[list[str], list[Any], str, int] | None:
     """When Q, K and V are nn.MultiheadAttention's head splits of [S, B*H, D] values (_from_sbhd)
     and the output's only reader is Transpose(perm=[2, 0, 1, 3]) to [S, B, H, D], the node reads
-    Reshape(X, [0, -1, H, D]) of each X ([S, B, H, D]; ORT's Reshape aliases its input) and writes that
-    Transpose's output: the head transposes and the merge run inside it. Returns (sources, covered
-    Transposes and Reshapes, output, new Reshapes, their shape constants, their value types); None
-    when any piece is missing (K must be one of the splits as it is: _key_input took K^T's
-    transpose) or a Shape of a replaced value would outlive the rewrite."""
-    from onnx import helper
+    each X as it is ([S, B*H, D] holds the bytes of [S, B, H, D]: num_heads = H tells the split) and
+    writes that Transpose's output: the head transposes and the merge run inside it. Returns
+    (sources, covered Transposes and Reshapes, output, H); None when any piece is missing (K must
+    be one of the splits as it is: _key_input took K^T's transpose), the head counts differ or a
+    Shape of a replaced value would outlive the rewrite."""
     ids = {id(n) for n in pattern}
     found = [_from_sbhd(view, v, ids) for v in (q, k, pv.input[1])]
     out_t = view.only_consumer(pv.output[0])
     if k_extra or None in found or out_t is None or out_t.op_type != "Transpose" or not _same_domain(out_t) \
             or len(view.shape(pv.output[0]) or ()) != 4 or _perm(view, out_t) != list(SBHD_PERM):
         return None
+    if len({h for _, _, _, h, _ in found}) != 1:
+        return None
     covered = [n for _, pieces, _, _, _ in found for n in pieces] + [out_t]
     gone, memo = ids | {id(n) for n in covered}, {}
     if not all(_dead_with(view, u, gone, memo) for _, _, readers, _, _ in found for u in readers):
         return None
-    sources, reshapes, consts, values = [], [], {}, {}
-    for x, _, _, h, d in found:
-        name, target = namer(x, "sbhd"), namer(x, "sbhd_shape")
-        consts[target] = np.array([0, -1, h, d], np.int64)     # 0: S copied, -1: B = (B*H) / H
-        reshapes.append(helper.make_node("Reshape", [x, target], [name], name=namer(x, "sbhd_reshape")))
-        s, bh, _ = view.shape(x) or (None, None, None)
-        values[name] = ((s, None if bh is None else bh // h, h, d), view.dtype(x))
-        sources.append(name)
-    return sources, covered, out_t.output[0], reshapes, consts, values
+    return [x for x, _, _, _, _ in found], covered, out_t.output[0], found[0][3]
 
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:

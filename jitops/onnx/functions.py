@@ -173,6 +173,38 @@ def _skip_norm(t: OpType, opset: int) -> list[Any]:
     return head + body
 
 
+def _const(name: str, values: list[int]) -> Any:
+    from onnx import helper
+    return _node("Constant", [], [name], value=helper.make_tensor(name, 7, [len(values)], values))
+
+
+def _head_reshapes(layout: str) -> tuple[list[Any], list[Any]]:
+    """Q, K, V -> Q4, K4, V4 stored 4-D, and (bshd) Y4 -> Y, for both values of num_heads in one
+    body (a function cannot branch on an attribute): Reshape(X, [0, 0, H, -1]) (bshd) or
+    Reshape(X, [0, -1, H, D]) (sbhd, D = X's last dim) splits the 3-D tensors when H = num_heads > 0
+    and leaves 4-D ones as they are when H = 0 (a 0 copies the dim). Y goes back through
+    Reshape(Y4, Shape(Q)[:-1] + [-1]): [B, S, H*D] for a 3-D Q, [B, S, H, D] for a 4-D one. The
+    *Sbhd output stays 4-D either way (optypes.head_output_shape)."""
+    nodes = [_node("Constant", [], ["heads0"], (_ref("num_heads", "int", "value_int"),)), _const("axis0", [0]),
+             _node("Unsqueeze", ["heads0", "axis0"], ["heads"])]
+    if layout == "bshd":
+        nodes += [_const("lead", [0, 0]), _const("rest", [-1]),
+                  _node("Concat", ["lead", "heads", "rest"], ["split_shape"], axis=0)]
+    for v in ("Q", "K", "V"):
+        if layout == "sbhd":
+            nodes += [_node("Shape", [v], [v + "shape"]), _const(v + "last", [-1]),
+                      _node("Gather", [v + "shape", v + "last"], [v + "d"], axis=0), _const(v + "lead", [0, -1]),
+                      _node("Concat", [v + "lead", "heads", v + "d"], [v + "split_shape"], axis=0)]
+        nodes.append(_node("Reshape", [v, "split_shape" if layout == "bshd" else v + "split_shape"], [v + "4"]))
+    if layout != "bshd":
+        return nodes, []
+    merge = [_node("Shape", ["Q"], ["qshape"]), _const("start", [0]), _const("end", [-1]),
+             _node("Slice", ["qshape", "start", "end"], ["qlead"]), _const("minus1", [-1]),
+             _node("Concat", ["qlead", "minus1"], ["merge_shape"], axis=0),
+             _node("Reshape", ["Y4", "merge_shape"], ["Y"])]
+    return nodes, merge
+
+
 def _leaky_relu(t: OpType, opset: int) -> list[Any]:
     return [_node("LeakyRelu", ["X"], ["Y"], (_ref("alpha", "float"),))]
 
@@ -186,12 +218,14 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
         # that the node took in (or stand for its head reshapes), around the plain body.
         perm = list(HEAD_LAYOUTS[layout])
         plain = OP_TYPES[t.name.removesuffix(layout.capitalize())]
-        head = [_node("Transpose", [v], [v + "bhsd"], perm=[perm.index(i) for i in range(4)]) for v in ("Q", "K", "V")]
+        split, merge = _head_reshapes(layout)
+        head = [_node("Transpose", [v + "4"], [v + "bhsd"], perm=[perm.index(i) for i in range(4)])
+                for v in ("Q", "K", "V")]
         body = _attention(plain, opset, attention_op)
         for n in body:
             n.input[:] = [v + "bhsd" if v in ("Q", "K", "V") else v for v in n.input]
             n.output[:] = ["Ybhsd" if v == "Y" else v for v in n.output]
-        return head + body + [_node("Transpose", ["Ybhsd"], ["Y"], perm=perm)]
+        return split + head + body + [_node("Transpose", ["Ybhsd"], ["Y4" if merge else "Y"], perm=perm)] + merge
     if opset >= 23 and attention_op:
         # ONNX Attention where the nodes replaced Attention-23 nodes (4-D; is_causal, default scale);
         # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.
@@ -232,7 +266,10 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     else:
         body = _skip_norm(t, opset) if skip else _BODIES[t.op](t, opset)
     outputs = ["Y", "S"] if "sum" in t.outputs else ["Y"]
-    return helper.make_function(DOMAIN, t.name, inputs, outputs, body,
-                                [helper.make_opsetid("", opset)], attributes=[a.name for a in t.attrs],
+    # num_heads has a default in the body (ONNX functions' attribute defaults): nodes without it read 4-D tensors
+    defaults = [helper.make_attribute(a.name, a.default) for a in t.attrs if a.name == "num_heads"]
+    return helper.make_function(DOMAIN, t.name, inputs, outputs, body, [helper.make_opsetid("", opset)],
+                                attributes=[a.name for a in t.attrs if a.name != "num_heads"],
+                                attribute_protos=defaults,
                                 doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
                                            f"where the jitops custom ops are not registered")

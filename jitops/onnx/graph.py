@@ -80,6 +80,7 @@ class GraphView:
         self.initializers: dict[str, Any] = {t.name: t for t in model.graph.initializer}
         self.types: dict[str, tuple[Shape | None, str]] = {}
         self._constants: dict[str, np.ndarray] = {}
+        self._dim_params: dict[str, tuple[str | None, ...]] = {}    # symbolic dims by name, as onnx inferred them
         self._numpy_helper = numpy_helper
         self._onnx = onnx
         self._read_types(_infer(_without_large_data(with_input_shapes(model, input_shapes))))
@@ -110,6 +111,8 @@ class GraphView:
                 shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                               for d in tt.shape.dim)
             self.types[vi.name] = (shape, onnx_dtype(tt.elem_type))
+            if tt.HasField("shape"):
+                self._dim_params[vi.name] = tuple(d.dim_param or None for d in tt.shape.dim)
 
     def _refine_reshapes(self) -> None:
         """Fill the dims onnx left open on Reshape outputs whose target we can evaluate here
@@ -153,6 +156,17 @@ class GraphView:
     # ---- values
     def shape(self, name: str) -> Shape | None:
         return self.types.get(name, (None, ""))[0]
+
+    def same_dim(self, a: str, i: int, b: str, j: int) -> bool:
+        """True when dim i of value a is known to equal dim j of value b: both known and equal, or
+        the same symbolic dim (onnx names one it cannot size once, and carries the name on)."""
+        sa, sb = self.shape(a), self.shape(b)
+        if sa is None or sb is None or not (-len(sa) <= i < len(sa) and -len(sb) <= j < len(sb)):
+            return False
+        if sa[i] is not None and sb[j] is not None:
+            return sa[i] == sb[j]
+        pa, pb = self._dim_params.get(a, ()), self._dim_params.get(b, ())
+        return len(pa) == len(sa) and len(pb) == len(sb) and pa[i] is not None and pa[i] == pb[j]
 
     def dtype(self, name: str) -> str:
         return self.types.get(name, (None, "unknown"))[1]

@@ -29,7 +29,7 @@ from ..runtime.base import Backend
 from ..runtime.fastlaunch import on_memory_released
 from .native import JtTensor as JT_TENSOR
 from .nodes import op_layout_inputs
-from .optypes import OpType, op_type
+from .optypes import OpType, head_output_shape, head_storage_shape, op_type
 
 log = logging.getLogger("jitops.onnx")
 
@@ -52,7 +52,8 @@ class Kernel:
     node_attrs: dict[str, Any]
     backend: Backend
     calls: int = 0
-    plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec, Any]]]] = field(default_factory=dict)
+    # shapes -> (op attributes, outputs as (name, spec, ORT's dims as ctypes, ORT's rank))
+    plans: dict[tuple, tuple[dict[str, Any], list[tuple[str, TensorSpec, Any, int]]]] = field(default_factory=dict)
     runners: dict[tuple, Any] = field(default_factory=dict)     # GPU providers: engine.pointer_runner per shapes
     # GPU providers: the raw input array of a call (dims, types and buffer pointers) -> what compute
     # worked out for it. ORT's arena hands a node the same buffers run after run, so a repeat call
@@ -61,18 +62,34 @@ class Kernel:
     repeats: dict[bytes, tuple] = field(default_factory=dict)
     constant: frozenset[str] = frozenset()    # inputs that are initializers (GPU providers; ORT says so)
 
+    @property
+    def num_heads(self) -> int:
+        """> 0: the head-layout tensors are the 3-D ones around the head Reshapes (optypes.head_storage_shape)."""
+        return int(self.node_attrs.get("num_heads", 0)) if self.type.fixed.get("layout") else 0
+
+    def stored(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """ORT's shape of input `name` as the op's storage shape (the 4-D one where num_heads > 0)."""
+        layout = self.type.fixed.get("layout", "")
+        if self.num_heads and name in op_layout_inputs(self.type.op, layout):
+            return head_storage_shape(layout, shape, self.num_heads)
+        return shape
+
     def plan(self, shapes: dict[str, tuple[int, ...] | None], dtypes: dict[str, str]
-             ) -> tuple[dict, list[tuple[str, TensorSpec, Any]]]:
-        """The op attributes and output (name, spec, ctypes dims) for these input shapes
-        (validated once per shape)."""
+             ) -> tuple[dict, list[tuple[str, TensorSpec, Any, int]]]:
+        """The op attributes and outputs (name, spec, ORT's ctypes dims, ORT's rank) for these input
+        shapes (validated once per shape). ORT's dims are the storage shape, merged to [B, S, H*D]
+        on a *Bshd node with num_heads: the same bytes, as the graph's Reshape wrote them."""
         key = tuple((n, s, dtypes.get(n)) for n, s in shapes.items())
         found = self.plans.get(key)
         if found is None:
             specs = self.specs(shapes, dtypes)
             attrs = self.type.op_attrs(self.node_attrs, {n: s.shape for n, s in specs.items() if s is not None})
             problem = get_op(self.type.op).make_problem(specs, attrs)
-            found = (attrs, [(n, s, (ctypes.c_int64 * max(1, len(s.shape)))(*s.storage_shape))
-                             for n, s in problem.outputs().items()])
+            layout = self.type.fixed.get("layout", "")
+            found = (attrs, [])
+            for n, s in problem.outputs().items():
+                dims = head_output_shape(layout, s.storage_shape, self.num_heads) if s.layout else s.storage_shape
+                found[1].append((n, s, (ctypes.c_int64 * max(1, len(dims)))(*dims), len(dims)))
             self.plans[key] = found
         return found
 
@@ -88,9 +105,12 @@ class Kernel:
             if s is None:
                 out[n] = None
             elif n in stored:
-                if len(s) != 4:
-                    raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D ({layout}), got {list(s)}")
-                out[n] = TensorSpec(logical_shape(s, layout), dtypes[n], layout)
+                st = self.stored(n, s)
+                if len(st) != 4 or (self.num_heads and len(s) != 3):    # num_heads: the 3-D tensors only
+                    heads = f", or 3-D splitting into {self.num_heads} heads" if self.num_heads else ""
+                    raise JitopsError(f"jitops::{self.type.name}: input '{n}' must be 4-D ({layout}{heads}), "
+                                      f"got {list(s)}")
+                out[n] = TensorSpec(logical_shape(st, layout), dtypes[n], layout)
             else:
                 out[n] = TensorSpec(s, dtypes[n])
         return out
@@ -183,10 +203,11 @@ def _host_view(ptr: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.frombuffer((ctypes.c_byte * size).from_address(ptr), dtype=dtype).reshape(shape)
 
 
-def _add_outputs(ptrs: dict[str, int], call: int, out_specs: list[tuple[str, TensorSpec, Any]]) -> dict[str, int]:
+def _add_outputs(ptrs: dict[str, int], call: int, out_specs: list[tuple[str, TensorSpec, Any, int]]
+                 ) -> dict[str, int]:
     """ptrs with ORT's output buffers of this call added by output name (0 for an empty output)."""
-    for index, (name, spec, dims) in enumerate(out_specs):
-        ptr = _lib.jitops_ort_output(call, index, dims, len(spec.shape))
+    for index, (name, spec, dims, rank) in enumerate(out_specs):
+        ptr = _lib.jitops_ort_output(call, index, dims, rank)
         if not ptr and spec.numel:
             raise OutputAllocationFailed()
         ptrs[name] = ptr or 0
@@ -222,8 +243,9 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
     out_ptrs = _add_outputs({}, call, out_specs)
     k.calls += 1
     if k.provider == 0:
-        tensors = {n: (_host_view(ptrs[n], shapes[n], dtypes[n]) if shapes[n] is not None else None) for n in names}
-        outs = {name: _host_view(out_ptrs[name], s.storage_shape, s.dtype) for name, s, _ in out_specs}
+        tensors = {n: (_host_view(ptrs[n], k.stored(n, shapes[n]), dtypes[n]) if shapes[n] is not None else None)
+                   for n in names}
+        outs = {name: _host_view(out_ptrs[name], s.storage_shape, s.dtype) for name, s, _, _ in out_specs}
         layout = k.type.fixed.get("layout")
         engine.run(k.type.op, tensors, {**attrs, "layout": layout} if layout else attrs, out=outs, backend=k.backend)
     else:
@@ -252,15 +274,14 @@ def compute(kid: int, call: int, n_inputs: int, inputs: Any, stream: int) -> Non
             keep(call, _lib.jitops_ort_replay_new(blob, len(blob)))
 
 
-def replay_blob(launches: list, out_specs: list[tuple[str, TensorSpec, Any]]) -> bytes:
+def replay_blob(launches: list, out_specs: list[tuple[str, TensorSpec, Any, int]]) -> bytes:
     """A call's launches (pointer_runner's records) in the form the library replays them
     (onnx/native/jitops_ort.cc, struct Replay): the outputs' dims, then per launch the launcher's
     entry, function, grid, block and shared bytes, the argument values, and which arguments hold
     which output's pointer."""
-    index = {name: i for i, (name, _, _) in enumerate(out_specs)}
+    index = {name: i for i, (name, _, _, _) in enumerate(out_specs)}
     out = [struct.pack("<I", len(out_specs))]
-    for _, spec, dims in out_specs:
-        rank = len(spec.shape)
+    for _, spec, dims, rank in out_specs:
         out.append(struct.pack(f"<I{rank}q", rank, *dims[:rank]))
     out.append(struct.pack("<I", len(launches)))
     for (_, entry, function, gx, gy, gz, bx, by, bz, shared), values, buffers in launches:

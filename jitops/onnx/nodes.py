@@ -23,7 +23,7 @@ from ..ops.base import TensorSpec
 from .graph import GraphView, load_model
 from .layout import plan_nhwc
 from .matchers import MATCHERS, ONNX_DOMAINS, Candidate, Namer, Rejection, onnx_to_op
-from .optypes import OP_TYPES
+from .optypes import OP_TYPES, head_storage_shape
 
 log = logging.getLogger("jitops.onnx")
 
@@ -107,6 +107,7 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
     shapes: dict[str, tuple[int | None, ...] | None] = {}
     dtypes: dict[str, str] = {}
     layout, stored = _stored_inputs(t)
+    heads = int(cand.attrs.get("num_heads", 0))
     reason = "" if stored or not layout else f"this jitops' {t.op} op reads no '{layout}' layout"
     for jname, vname in zip(t.inputs, list(cand.inputs) + [""] * len(t.inputs)):
         if not vname:
@@ -118,8 +119,10 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         if shape is None:
             reason = reason or f"the rank of '{vname}' is not known (pass input_shapes=...)"
         elif jname in stored:   # the value holds the input in `layout` order; the op sees the logical shape
-            if len(shape) != 4:
-                reason = reason or f"'{vname}' is not 4-D (jitops::{t.name} reads it as {layout})"
+            given, shape = len(shape), head_storage_shape(layout, tuple(shape), heads)
+            if len(shape) != 4 or (heads and given != 3):
+                reason = reason or f"'{vname}' is not 4-D (jitops::{t.name} reads it as {layout}" + \
+                    (f" with num_heads={heads})" if heads else ")")
             else:
                 shape = logical_shape(tuple(shape), layout)
         shapes[jname], dtypes[jname] = (tuple(shape) if shape is not None else None), dtype

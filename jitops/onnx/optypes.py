@@ -20,6 +20,32 @@ SBHD_PERM = (2, 0, 1, 3)     # [B, H, S, D] -> [S, B, H, D]: the "sbhd" types (n
 HEAD_LAYOUTS = {"bshd": BSHD_PERM, "sbhd": SBHD_PERM}
 
 
+def head_storage_shape(layout: str, shape: tuple, num_heads: int) -> tuple:
+    """The 4-D storage shape of a head-layout input given as the tensor before its head Reshape
+    (num_heads > 0): bshd [B, S, H*D] -> [B, S, H, D], sbhd [S, B*H, D] -> [S, B, H, D]; the same
+    bytes, so the op reads ORT's buffer as it is. None (symbolic) dims stay None; num_heads 0 or a
+    shape that does not split: returned as it is (the caller's rank check reports it)."""
+    shape = tuple(shape)
+    if num_heads <= 0 or len(shape) != 3:
+        return shape
+    a, b, c = shape
+    if layout == "bshd" and (c is None or c % num_heads == 0):
+        return (a, b, num_heads, None if c is None else c // num_heads)
+    if layout == "sbhd" and (b is None or b % num_heads == 0):
+        return (a, None if b is None else b // num_heads, num_heads, c)
+    return shape
+
+
+def head_output_shape(layout: str, storage: tuple, num_heads: int) -> tuple:
+    """ORT's shape of a head-layout output stored `storage` (4-D): with num_heads > 0 a *Bshd node
+    writes the merged [B, S, H*D] its Reshape made; an *Sbhd output stays [S, B, H, D] (the merge
+    after it is torch's [S*B, E], a Reshape left in the graph: attention_patterns._mha_heads)."""
+    if num_heads > 0 and layout == "bshd":
+        b, s, h, d = storage
+        return (b, s, h * d)
+    return tuple(storage)
+
+
 @dataclass(frozen=True)
 class Attr:
     """One node attribute: ONNX kind ('int', 'ints', 'float', 'string') and default (None: required)."""
@@ -148,6 +174,11 @@ def _skip_norms(base: str, op: str, params: tuple[str, ...], optional: frozenset
     return out
 
 
+# num_heads > 0: q, k, v (and the *Bshd output) are the 3-D tensors around the head Reshapes, whose
+# bytes are those of the 4-D storage (head_storage_shape); 0: the 4-D storage itself.
+_HEAD_ATTRS = (Attr("scale", "float"), Attr("is_causal", "int", 0), Attr("num_heads", "int", 0))
+
+
 OP_TYPES: dict[str, OpType] = {t.name: t for t in [
     *_variants("Conv2d", "conv2d", ("x", "w", "bias"), frozenset({"bias"}), _CONV_ATTRS),
     # Conv (+ BatchNormalization) + Add of a same-shaped tensor (+ activation): ResNet's shortcut.
@@ -174,14 +205,14 @@ OP_TYPES: dict[str, OpType] = {t.name: t for t in [
     # The same with q, k, v and the output stored [B, S, H, D]: the head transposes an exporter
     # writes around attention are taken into the node (attention_patterns.py).
     OpType("AttentionBshd", "attention", ("q", "k", "v"), frozenset(),
-           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
+           _HEAD_ATTRS, {"layout": "bshd"}, outputs=("out",)),
     OpType("MaskedAttentionBshd", "attention", ("q", "k", "v", "mask"), frozenset(),
-           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "bshd"}, outputs=("out",)),
+           _HEAD_ATTRS, {"layout": "bshd"}, outputs=("out",)),
     # Stored [S, B, H, D]: torch's nn.MultiheadAttention, whose head splits and merge go into the node.
     OpType("AttentionSbhd", "attention", ("q", "k", "v"), frozenset(),
-           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "sbhd"}, outputs=("out",)),
+           _HEAD_ATTRS, {"layout": "sbhd"}, outputs=("out",)),
     OpType("MaskedAttentionSbhd", "attention", ("q", "k", "v", "mask"), frozenset(),
-           (Attr("scale", "float"), Attr("is_causal", "int", 0)), {"layout": "sbhd"}, outputs=("out",)),
+           _HEAD_ATTRS, {"layout": "sbhd"}, outputs=("out",)),
 ]}
 
 
