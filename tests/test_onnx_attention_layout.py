@@ -23,7 +23,8 @@ from onnx import helper, numpy_helper  # noqa: E402
 import jitops.onnx as jo  # noqa: E402
 from jitops.errors import JitopsError  # noqa: E402
 from jitops.onnx import kernels  # noqa: E402
-from jitops.onnx.testing import max_rel_error, ort_session, tensor_info  # noqa: E402
+from jitops.onnx.testing import (count_ops, jitops_types, max_rel_error, ort_session, ort_tensors,  # noqa: E402
+                                 tensor_info)
 
 HEADS, D = 2, 8
 C = HEADS * D
@@ -105,14 +106,6 @@ def _attention64(q, k, v, mask, scale):
     return ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3)
 
 
-def _types(model) -> list[str]:
-    return [n.op_type for n in model.graph.node if n.domain == jo.DOMAIN]
-
-
-def _count(model, op: str) -> int:
-    return sum(n.op_type == op for n in model.graph.node)
-
-
 @pytest.mark.parametrize("key", ["0231", "two"])
 @pytest.mark.parametrize("masked", [True, False])
 def test_head_transposes_are_taken_into_the_node(masked, key):
@@ -129,7 +122,7 @@ def test_head_transposes_are_taken_into_the_node(masked, key):
     assert p.problem is None and p.dynamic
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
-    assert _types(rw) == [want] and _count(rw, "Transpose") == 0 and _count(rw, "Reshape") == 0
+    assert jitops_types(rw) == [want] and count_ops(rw, "Transpose") == 0 and count_ops(rw, "Reshape") == 0
     assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1
 
 
@@ -160,7 +153,7 @@ def test_static_problem_keys_say_bshd_and_match_what_the_ort_kernel_plans():
 def test_rewritten_model_matches_ort_at_two_batch_sizes(dtype, key):
     model = bert_attention(dtype, key=key)
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttentionBshd"]
+    assert jitops_types(rw) == ["MaskedAttentionBshd"]
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     before = {kid: k.calls for kid, k in kernels._kernels.items()}
     for batch, seq in ((1, 5), (3, 7)):
@@ -184,7 +177,7 @@ def test_float16_against_a_float64_reference():
     q, k, v = ((x @ w[n]).reshape(2, 9, HEADS, D) for n in ("wq", "wk", "wv"))
     ref = _attention64(q, k, v, f["mask"].astype(np.float64), 1 / np.sqrt(D)).reshape(2, 9, C)
     got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
-    assert _types(jo.rewrite(model)) == ["MaskedAttentionBshd"]
+    assert jitops_types(jo.rewrite(model)) == ["MaskedAttentionBshd"]
     assert got.dtype == np.float16 and max_rel_error(got, ref) < 5e-3
 
 
@@ -193,7 +186,7 @@ def test_fallback_body_before_castlike(opset):
     """Opsets 13-14 (no CastLike: float32 patterns only) give a body ORT runs as well."""
     model = bert_attention(opset=opset, key="two")
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0
+    assert jitops_types(rw) == ["MaskedAttentionBshd"] and count_ops(rw, "Transpose") == 0
     f = feeds(2, 5)
     assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
 
@@ -209,7 +202,7 @@ def test_a_value_read_outside_the_pattern_keeps_the_plain_type(share, key):
     assert p.onnx_ops.count("Transpose") == (0 if key == "0231" else 1)
     assert all(p.inputs[n].layout == "" for n in "qkv")
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttention"] and {"q_heads", "v_heads", "out_heads"} <= {n.name for n in rw.graph.node}
+    assert jitops_types(rw) == ["MaskedAttention"] and {"q_heads", "v_heads", "out_heads"} <= {n.name for n in rw.graph.node}
     f = feeds(2, 5)
     for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
         assert max_rel_error(got, ref) < 1e-6
@@ -222,7 +215,7 @@ def test_the_merged_output_may_have_other_readers():
     [p] = jo.map_nodes(model)
     assert p.node_output == "merged" and "num_heads" not in p.node_attrs
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttentionBshd"] and _count(rw, "Transpose") == 0 and _count(rw, "Reshape") == 4
+    assert jitops_types(rw) == ["MaskedAttentionBshd"] and count_ops(rw, "Transpose") == 0 and count_ops(rw, "Reshape") == 4
     f = feeds(2, 5)
     for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
         assert max_rel_error(got, ref) < 1e-6
@@ -243,7 +236,7 @@ def test_head_reshapes_stay_unless_all_split_exactly_h_by_d(case):
     assert p.node_inputs[:3] == ("q4", "k4", "v4") and p.node_output == "merged"
     rw = jo.rewrite(model)
     [node] = [n for n in rw.graph.node if n.domain == jo.DOMAIN]
-    assert "num_heads" not in {a.name for a in node.attribute} and _count(rw, "Reshape") == 4
+    assert "num_heads" not in {a.name for a in node.attribute} and count_ops(rw, "Reshape") == 4
     f = {**feeds(2, 6, masked=masked), **({"heads": np.array([HEADS])} if case == "infer" else {})}
     ref = ort_session(model).run(None, f)
     got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)
@@ -269,7 +262,7 @@ def test_head_reshapes_with_shape_readers_that_die_with_the_node():
     [p] = jo.map_nodes(model)
     assert p.node_attrs.get("num_heads") == HEADS and p.node_inputs[:3] == ("xq", "xk", "xv"), p.describe()
     rw = jo.rewrite(model)
-    assert _count(rw, "Shape") == 0 and _count(rw, "Reshape") == 0
+    assert count_ops(rw, "Shape") == 0 and count_ops(rw, "Reshape") == 0
     f = feeds(2, 5)
     assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
 
@@ -284,7 +277,7 @@ def test_a_missing_piece_keeps_the_plain_type():
     [p] = jo.map_nodes(model)
     assert p.op_type == "MaskedAttention" and p.onnx_ops.count("Transpose") == 1
     rw = jo.rewrite(model)     # K^T's transpose becomes the [N, H, S, D] one the plain type reads
-    assert {"v_heads", "out_heads"} <= {n.name for n in rw.graph.node} and _count(rw, "Transpose") == 3
+    assert {"v_heads", "out_heads"} <= {n.name for n in rw.graph.node} and count_ops(rw, "Transpose") == 3
     model = bert_attention()
     out_t = next(n for n in model.graph.node if n.name == "out_heads")
     out_t.attribute[0].CopyFrom(helper.make_attribute("perm", [0, 1, 2, 3]))
@@ -316,7 +309,6 @@ def test_gpu_provider_branch_reads_and_writes_bshd_buffers(monkeypatch):
     """What a CUDA / ROCm EP node of a *Bshd type does (ORT's [B, S, H, D] buffers, a pointer
     runner on ORT's stream, outputs allocated by ORT with the storage dims), driven with the
     emulator's host buffers standing in for device memory."""
-    from jitops.onnx.native import JtTensor
     from jitops.onnx.optypes import op_type
     from jitops.runtime import current_backend
     rng = np.random.default_rng(5)
@@ -333,11 +325,7 @@ def test_gpu_provider_branch_reads_and_writes_bshd_buffers(monkeypatch):
     kern = kernels.Kernel(op_type("MaskedAttentionBshd"), 1, "float32", {"scale": 0.3}, current_backend())
     kernels._kernels[-11] = kern
     try:
-        tensors = (JtTensor * 4)()
-        for t, a in zip(tensors, (q, k, v, mask)):
-            t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
-            for d, n in enumerate(a.shape):
-                t.dims[d] = n
+        tensors = ort_tensors((q, k, v, mask))
         for call in range(2):       # the second call: the remembered runner
             kernels.compute(-11, call, 4, tensors, 0)
             assert outs[-1].shape == (2, 5, HEADS, D)
@@ -353,7 +341,6 @@ def test_gpu_provider_branch_with_num_heads_reads_and_writes_3d_buffers(monkeypa
     go to the pointer runner as they are, ORT allocates the output with the merged dims ([B, S, H*D];
     sbhd stays [S, B, H, D]) and the replay blob records those dims; the problem is the one of the
     4-D node (num_heads 0), so tuning records and bundles are shared."""
-    from jitops.onnx.native import JtTensor
     from jitops.onnx.optypes import op_type
     from jitops.ops import get_op
     from jitops.runtime import current_backend
@@ -380,11 +367,7 @@ def test_gpu_provider_branch_with_num_heads_reads_and_writes_3d_buffers(monkeypa
         kern = kernels.Kernel(op_type(name), 1, "float32", {"scale": 0.3, "num_heads": heads}, current_backend())
         kernels._kernels[kid] = kern
         try:
-            tensors = (JtTensor * 4)()
-            for t, a in zip(tensors, (*arrays, mask)):
-                t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
-                for d, n in enumerate(a.shape):
-                    t.dims[d] = n
+            tensors = ort_tensors((*arrays, mask))
             kernels.compute(kid, 0, 4, tensors, 0)
         finally:
             kernels._kernels.pop(kid, None)
@@ -437,8 +420,8 @@ def test_corpus_exports(corpus, name, want, gone):
     # [S * B, E] merge stays: the *Sbhd output is 4-D)
     assert p.node_attrs["num_heads"] == 2 and p.onnx_ops.count("Reshape") == (3 if name == "vit" else 4)
     rw = jo.rewrite(model)
-    assert _count(rw, "Transpose") == _count(model, "Transpose") - gone
-    assert _count(rw, "Reshape") == _count(model, "Reshape") - p.onnx_ops.count("Reshape")
+    assert count_ops(rw, "Transpose") == count_ops(model, "Transpose") - gone
+    assert count_ops(rw, "Reshape") == count_ops(model, "Reshape") - p.onnx_ops.count("Reshape")
     assert len(rw.graph.node) <= len(model.graph.node) - len(p.covered) + 1
 
 
@@ -447,7 +430,7 @@ def test_corpus_exports(corpus, name, want, gone):
 def test_corpus_kernels_and_fallback_match_ort(corpus, name, dtype):
     model = _export(corpus, name, dtype)
     rw = jo.rewrite(model)
-    assert "MaskedAttentionBshd" in _types(rw)
+    assert "MaskedAttentionBshd" in jitops_types(rw)
     [node] = [n for n in rw.graph.node if n.op_type == "MaskedAttentionBshd"]
     assert {a.name: a.i for a in node.attribute}.get("num_heads") == 2     # the 3-D tensors
     tol = 1e-2 if dtype == "float16" else 1e-4
@@ -472,7 +455,7 @@ def test_torch_graph_runs_the_demo_models_bshd_attention_as_ort_does():
     from onnx_torch import TorchGraph
     model = build_model(16)
     rw = jo.rewrite(model, input_shapes={"image": (1, 3, 16, 16)})
-    assert "AttentionBshd" in _types(rw)
+    assert "AttentionBshd" in jitops_types(rw)
     x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
     y = TorchGraph(rw, device="cpu")({"image": torch.from_numpy(x)})[0]
     ref = ort_session(model).run(None, {"image": x})[0]

@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper  # noqa: E402
 
 import jitops.onnx as jo  # noqa: E402
 from jitops.onnx import kernels  # noqa: E402
-from jitops.onnx.testing import max_rel_error, ort_session, tensor_info  # noqa: E402
+from jitops.onnx.testing import count_ops, jitops_types, max_rel_error, ort_session, tensor_info  # noqa: E402
 
 HEADS, D = 2, 8
 C = HEADS * D
@@ -102,14 +102,6 @@ def feeds(batch: int, seq: int, dtype: str = "float32", masked: bool = False, se
     return out
 
 
-def _types(model) -> list[str]:
-    return [n.op_type for n in model.graph.node if n.domain == jo.DOMAIN]
-
-
-def _count(model, op: str) -> int:
-    return sum(n.op_type == op for n in model.graph.node)
-
-
 def _attention64(x, w, mask, scale):
     """float64 nn.MultiheadAttention core from x [S, N, C] and the in-projections: [S, N, C]."""
     s, b, _ = x.shape
@@ -132,12 +124,12 @@ def test_head_splits_and_merge_are_taken_into_the_node(masked, target, seq):
     assert all(p.inputs[n].layout == "sbhd" and p.inputs[n].shape == (-1, HEADS, seq or -1, D) for n in "qkv")
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
-    assert _types(rw) == [want] and _count(rw, "Transpose") == 0
+    assert jitops_types(rw) == [want] and count_ops(rw, "Transpose") == 0
     # the node reads each [S, N*H, D] value as it is (num_heads says how its middle axis splits)
     assert list(p.node_inputs[:3]) == ["q3", "k3", "v3"] and p.node_attrs["num_heads"] == HEADS
     [node] = [n for n in rw.graph.node if n.domain == jo.DOMAIN]
     assert {a.name: a.i for a in node.attribute if a.name == "num_heads"} == {"num_heads": HEADS}
-    assert _count(rw, "Reshape") == _count(model, "Reshape") - 3     # the 4-D splits went, none inserted
+    assert count_ops(rw, "Reshape") == count_ops(model, "Reshape") - 3     # the 4-D splits went, none inserted
     # node count: the group and the 4-D target's computation (Shape, Gathers, Concat) go, nothing comes
     target_nodes = {"concat": 5, "const": 0}[target]
     assert len(rw.graph.node) == len(model.graph.node) - len(p.covered) + 1 - target_nodes
@@ -169,7 +161,7 @@ def test_rewritten_model_matches_ort_at_two_sizes(dtype, masked):
     model = mha_attention(dtype, masked=masked)
     want = "MaskedAttentionSbhd" if masked else "AttentionSbhd"
     rw = jo.rewrite(model)
-    assert _types(rw) == [want]
+    assert jitops_types(rw) == [want]
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     before = {kid: k.calls for kid, k in kernels._kernels.items()}
     for batch, seq in ((1, 5), (3, 7)):
@@ -190,7 +182,7 @@ def test_float16_against_a_float64_reference():
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     ref = _attention64(f["x"].astype(np.float64), w, f["mask"].astype(np.float64), 1 / np.sqrt(D))
     got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, f)[0]
-    assert _types(jo.rewrite(model)) == ["MaskedAttentionSbhd"]
+    assert jitops_types(jo.rewrite(model)) == ["MaskedAttentionSbhd"]
     assert got.dtype == np.float16 and max_rel_error(got, ref) < 5e-3
 
 
@@ -200,7 +192,7 @@ def test_fallback_body_before_castlike(opset, target, seq):
     a Reshape to a computed target, so the pattern is not seen there at all, plain type included.)"""
     model = mha_attention(opset=opset, masked=True, target=target, seq=seq)
     rw = jo.rewrite(model)
-    assert _types(rw) == ["MaskedAttentionSbhd"] and _count(rw, "Transpose") == 0
+    assert jitops_types(rw) == ["MaskedAttentionSbhd"] and count_ops(rw, "Transpose") == 0
     f = feeds(2, 5, masked=True)
     assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
 
@@ -219,7 +211,7 @@ def test_a_missing_piece_keeps_the_plain_type(case):
     assert p.onnx_ops.count("Transpose") == 1 and "Reshape" not in p.onnx_ops
     assert all(p.inputs[n].layout == "" for n in "qkv")
     rw = jo.rewrite(model)
-    assert _types(rw) == ["Attention"]
+    assert jitops_types(rw) == ["Attention"]
     assert {"q_split", "k_split", "v_split", "out_merge"} <= {n.name for n in rw.graph.node}
     f = feeds(2, 4, target=case.get("target", "concat"))   # S = N * H: the split_perm case's graph runs too
     for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
@@ -229,7 +221,7 @@ def test_a_missing_piece_keeps_the_plain_type(case):
 def test_the_merged_output_may_have_other_readers():
     model = mha_attention(share="out")
     rw = jo.rewrite(model)
-    assert _types(rw) == ["AttentionSbhd"] and _count(rw, "Transpose") == 0
+    assert jitops_types(rw) == ["AttentionSbhd"] and count_ops(rw, "Transpose") == 0
     f = feeds(2, 5)
     for got, ref in zip(ort_session(rw).run(None, f), ort_session(model).run(None, f)):
         assert max_rel_error(got, ref) < 1e-6
@@ -278,16 +270,16 @@ def test_corpus_vit_is_rewritten_to_sbhd(corpus, opset, monkeypatch):
     assert all(p.inputs[n].layout == "sbhd" and p.inputs[n].shape[1:] == (HEADS, 17, D) for n in "qkv")
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
-    assert _count(rw, "Transpose") == _count(model, "Transpose") - 5
+    assert count_ops(rw, "Transpose") == count_ops(model, "Transpose") - 5
     # against the plain type's rewrite: 4 more Transposes and 3 Reshapes gone, 3 Reshapes come,
     # and the exporter's Shape/Gather/Concat computations of the 4-D targets die with them
     from jitops.ops import get_op
     monkeypatch.setattr(get_op("attention"), "LAYOUTS", ("bshd",), raising=False)
     plain = jo.rewrite(model)
-    assert "AttentionSbhd" not in _types(plain) and "Attention" in _types(plain)
-    assert _count(plain, "Transpose") == _count(rw, "Transpose") + 4
+    assert "AttentionSbhd" not in jitops_types(plain) and "Attention" in jitops_types(plain)
+    assert count_ops(plain, "Transpose") == count_ops(rw, "Transpose") + 4
     # the node reads the [S, B*H, D] values (num_heads): no Reshape is inserted for them
-    assert p.node_attrs["num_heads"] == HEADS and _count(rw, "Reshape") == _count(plain, "Reshape") - 3
+    assert p.node_attrs["num_heads"] == HEADS and count_ops(rw, "Reshape") == count_ops(plain, "Reshape") - 3
     assert len(rw.graph.node) <= len(plain.graph.node) - 4 - 3 - 3   # at least the three Concats
 
 
@@ -295,7 +287,7 @@ def test_corpus_vit_is_rewritten_to_sbhd(corpus, opset, monkeypatch):
 def test_corpus_vit_kernels_and_fallback_match_ort(corpus, opset, dtype):
     model = _export(corpus, opset, dtype)
     rw = jo.rewrite(model)
-    assert "AttentionSbhd" in _types(rw)
+    assert "AttentionSbhd" in jitops_types(rw)
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     before = {kid: k.calls for kid, k in kernels._kernels.items()}
     tol = 1e-2 if dtype == "float16" else 1e-4

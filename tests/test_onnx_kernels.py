@@ -70,7 +70,8 @@ def test_gpu_provider_branch_of_the_ort_kernel_on_emulator_buffers(rng, monkeypa
     """What a CUDA / ROCm EP node does (ORT's buffers, ORT's stream, a cached pointer runner),
     driven with the emulator's host buffers standing in for device memory."""
     from jitops.onnx import kernels
-    from jitops.onnx.native import MAX_RANK, JtTensor
+    from jitops.onnx.native import MAX_RANK
+    from jitops.onnx.testing import ort_tensors
     from jitops.onnx.optypes import op_type
     from jitops.runtime import current_backend
 
@@ -91,12 +92,7 @@ def test_gpu_provider_branch_of_the_ort_kernel_on_emulator_buffers(rng, monkeypa
                                                              "dilations": [1, 1]}, current_backend())
     kernels._kernels[-7] = k
     try:
-        tensors = (JtTensor * 3)()
-        for t, a in zip(tensors, (x, w)):
-            t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, 1
-            for d, n in enumerate(a.shape):
-                t.dims[d] = n
-        tensors[2].ndim = -1                      # no bias
+        tensors = ort_tensors((x, w, None))       # no bias
         for call in range(2):
             kernels.compute(-7, call, 3, tensors, 0)
             np.testing.assert_allclose(outs[-1], expected, rtol=1e-5, atol=1e-5)
@@ -115,7 +111,7 @@ def test_gpu_provider_keeps_data_derived_from_initializers(rng, monkeypatch, con
     """BatchNorm's folded scale/shift (a prepare launch) is computed once per kernel when ORT says
     the parameters are initializers, and on every run when it does not."""
     from jitops.onnx import kernels
-    from jitops.onnx.native import JtTensor
+    from jitops.onnx.testing import ort_tensors
     from jitops.onnx.optypes import op_type
     from jitops.runtime import current_backend
 
@@ -138,11 +134,7 @@ def test_gpu_provider_keeps_data_derived_from_initializers(rng, monkeypatch, con
                        constant=frozenset(t.inputs[1:]) if constant else frozenset())
     kernels._kernels[-8] = k
     try:
-        tensors = (JtTensor * 5)()
-        for tensor, a in zip(tensors, [x, *params]):
-            tensor.data, tensor.ndim, tensor.elem_type = a.ctypes.data, a.ndim, 1
-            for d, n in enumerate(a.shape):
-                tensor.dims[d] = n
+        tensors = ort_tensors([x, *params])
         kernels.compute(-8, 0, 5, tensors, 0)
         prepared = next(p for key, p in engine._cache.by_call.items() if key[0] == "pointers")
         assert prepared.prepare_steps, "folded batch norm has a prepare launch"

@@ -67,6 +67,36 @@ def ort_supports_opset(opset: int) -> bool:
         return False
 
 
+def jitops_types(model: Any) -> list[str]:
+    """The op types of the model's jitops-domain nodes, in graph order."""
+    from .optypes import DOMAIN
+    return [n.op_type for n in model.graph.node if n.domain == DOMAIN]
+
+
+def count_ops(model: Any, op: str) -> int:
+    """How many nodes of `op` the model's graph holds."""
+    return sum(n.op_type == op for n in model.graph.node)
+
+
+_ELEM_TYPES = {"float32": 1, "float16": 10, "bfloat16": 16}   # ONNX TensorProto data types
+
+
+def ort_tensors(arrays: Sequence[np.ndarray | None]) -> Any:
+    """Host arrays as the JtTensor records ORT's callback hands kernels.compute (None: an absent
+    optional input), for driving the GPU-provider branch with emulator buffers. The caller keeps
+    the arrays alive."""
+    from .native import JtTensor
+    records = (JtTensor * len(arrays))()
+    for t, a in zip(records, arrays):
+        if a is None:
+            t.ndim = -1
+            continue
+        t.data, t.ndim, t.elem_type = a.ctypes.data, a.ndim, _ELEM_TYPES[a.dtype.name]
+        for d, n in enumerate(a.shape):
+            t.dims[d] = n
+    return records
+
+
 def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     scale = max(float(np.abs(ref).max(initial=0.0)), 1e-30)
