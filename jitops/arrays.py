@@ -125,12 +125,6 @@ def is_channels_last(t: Any) -> bool:
     return t.dim() == 4 and _dense_in_order(t.shape, t.stride(), LAYOUTS["nhwc"][0])
 
 
-def is_bshd(t: Any) -> bool:
-    """A 4-d torch tensor whose memory is a contiguous [B, S, H, D] array read as [B, H, S, D]
-    (`x.transpose(1, 2)`): attention reads it in place."""
-    return t.dim() == 4 and _dense_in_order(t.shape, t.stride(), LAYOUTS["bshd"][0])
-
-
 def memory_format(t: Any) -> str | bool:
     """A torch tensor's memory format as the repeat paths' signatures record it: True (C order),
     a LAYOUTS name, or False (another strided view). One stride read, no views made: this runs

@@ -128,8 +128,6 @@ def _bind(prepared: Prepared, backend: Backend, tensors: Mapping[str, Any],
         return None     # an input was copied (a channels_last tensor where the op reads C order)
     if any(r.layout and (r.kind != "torch" or r.obj.is_contiguous()) for r in refs.values()):
         return None     # a layout declared with layout= (arrays whose own shape is the storage's): the general path
-    if any(s.layout not in ("", *arrays.LAYOUTS) for s in prepared.problem.outputs().values()):
-        return None
     first = next(iter(refs.values()))
     if first.host and backend.name != "cpu":
         return None     # host arrays on a GPU are staged through device memory: general path

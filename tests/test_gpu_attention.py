@@ -447,7 +447,7 @@ def test_heads_inner_views_every_kernel(dtype, layout):
 
 def test_heads_inner_views_take_the_native_repeat_path():
     """Eager calls on x.transpose(1, 2) views repeat through the native RepeatCall (its format check
-    calls jitops.arrays.is_bshd, torch having no memory format for the layout), give heads-inner
+    compares strides with the layout's axis order, torch having no memory format for it), give heads-inner
     views back, and a contiguous tensor of the same shape never runs the heads-inner plan."""
     from jitops.engine import _cache
     q, k, v = bshd(8, 12, 197, 64, torch.float16), bshd(8, 12, 197, 64, torch.float16), bshd(8, 12, 197, 64, torch.float16)
