@@ -13,17 +13,9 @@ import jitops
 
 from alignment_cases import CASES, check, moved, torch  # noqa: E402  (skips the module without torch)
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]     # conftest's: the GPU backend
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
-    jitops.engine.clear_prepared()
 
 
 # The heuristic's pick on this GPU, and for conv2d the matrix-core kernel forced as well (the pick
