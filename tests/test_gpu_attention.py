@@ -305,6 +305,31 @@ def test_wgmma_tma_loads(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_lazy_rescale(dtype, d):
+    """fused_wgmma moves a row's running max only when a score exceeds it by more than 2^8 (then the
+    whole warp rescales O): scores that rise along the keys in steps below and above that threshold,
+    rows whose first key tiles are all hidden (causal, bottom right), every loop, against float64."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    q = randn(1, 4, 300, d, dtype=dtype)
+    k, v = randn(1, 4, 700, d), randn(1, 4, 700, d, dtype=dtype)
+    # key j's scores scale with a ramp of slow and sudden rises (x 1.05 per 64 keys, x 4 at 256 and 512)
+    ramp = torch.tensor([1.05 ** (j // 64) * (4.0 if j >= 256 else 1.0) * (4.0 if j >= 512 else 1.0)
+                         for j in range(700)], device="cuda")
+    k = (k * ramp[None, None, :, None]).to(dtype)      # scaled scores up to ~100: log2 steps of 1-60
+    scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra)
+                       for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (3, 64, {}))]
+    scheds += [Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1),
+               Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3)]
+    for sched in scheds:
+        check(q, k, v, schedule=sched or "fused_wgmma")
+        check(q, k, v, causal="bottom_right", schedule=sched or "fused_wgmma")
+        check(q, k, v, causal=True, schedule=sched or "fused_wgmma")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 128])
 def test_wgmma_producer_warpgroup(dtype, d):
     """The warp-specialized fused_wgmma (a producer warpgroup, mbarrier ring of 2-4 K/V buffers):
