@@ -9,7 +9,7 @@ import jitops
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]   # conftest: the GPU, not the emulator
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
@@ -17,11 +17,6 @@ if not torch.cuda.is_available():
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
 
 
 def hopper():

@@ -25,11 +25,10 @@ TOL_WINOGRAD = {("float32", "winograd_2x2"): 5e-5, ("float32", "winograd_4x4"): 
 
 
 @pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        torch.backends.cudnn.allow_tf32 = False
-        yield be
+def _on_gpu_without_tf32(gpu_backend):
+    """Every test on the GPU backend (conftest), cuDNN references without TF32."""
+    torch.backends.cudnn.allow_tf32 = False
+    yield gpu_backend
 
 
 def rand(*shape, dtype=torch.float32, scale=1.0, seed=0):

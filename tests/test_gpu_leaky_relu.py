@@ -7,7 +7,7 @@ import pytest
 
 import jitops
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]   # conftest: the GPU, not the emulator
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
@@ -16,11 +16,6 @@ SIZES = [1, 2, 3, 7, 8, 9, 31, 1000, 4097, (1 << 20) + 7, 1 << 24, 1 << 28]
 TOL = {"float32": 1.2e-7, "float16": 1e-3}
 
 
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
 
 
 def torch_check(x, y, alpha):

@@ -14,7 +14,7 @@ import pytest
 import jitops
 from jitops.bench import latency
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]   # conftest: the GPU, not the emulator
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
@@ -25,12 +25,6 @@ device_host = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(device_host)
 
 
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    """The GPU, not the emulator the test session defaults to (conftest sets JITOPS_BACKEND=cpu)."""
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
 
 
 @pytest.mark.parametrize("op", device_host.OPS)

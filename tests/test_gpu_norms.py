@@ -13,17 +13,12 @@ from jitops.ops import get_op
 from jitops.ops.base import ITEMSIZE, TensorSpec
 from jitops.ops.norm_common import row_heuristic
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_backend")]   # conftest: the GPU, not the emulator
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
-def gpu_backend():
-    be = jitops.get_backend("cuda") if torch.version.hip is None else jitops.get_backend("hip")
-    with jitops.use_backend(be):
-        yield be
 
 
 def make(op_name, shape, dtype, ptype=None, attrs=None, params=("gamma", "beta")):
