@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .base import Plan, Schedule, ceil_div
-from .conv2d_mma import channels, epilogue_bytes, k_padded, needs_nhwc_copy, plan_around, splits_of
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div, index_type
+from .conv2d_mma import (channels, epilogue_bytes, k_padded, needs_nhwc_copy, nhwc_copy_launch, pack_launch,
+                         plan_around, splits_of)
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_wgmma"
@@ -127,10 +128,14 @@ def bk_of(p: Conv2dProblem) -> int:
 
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
-             persistent: bool = False, b_nchw: bool = False) -> Schedule:
+             persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
     if b_nchw:
         extra["b_nchw"] = 1
+    if tma:
+        extra["tma"] = tma
+        if regs:
+            extra["regs"] = regs
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma", **extra)
 
@@ -138,6 +143,11 @@ def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why
 def is_persistent(s: Schedule) -> bool:
     """Whether the schedule runs a persistent grid (each block loops over tiles)."""
     return bool(int(s.get("persistent", 0)))
+
+
+def is_tma(s: Schedule) -> bool:
+    """Whether the schedule is the warp-specialized TMA kernel (templates/conv2d/wgmma_tma.hip.j2)."""
+    return bool(int(s.get("tma", 0)))
 
 
 def is_nchw_1x1(s: Schedule) -> bool:
@@ -216,6 +226,8 @@ def plan_nchw_1x1(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if is_nchw_1x1(s):
         return plan_nchw_1x1(p, s, device)
+    if is_tma(s):
+        return plan_tma(p, s, device)
     tile = tile_of(s)
     bm, bn, stages, producer = tile
     persistent = is_persistent(s)
@@ -350,3 +362,104 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     if splits > 1:
         t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
     return t
+
+
+# ---------------------------------------------------------------- the warp-specialized TMA kernel
+# (templates/conv2d/wgmma_tma.hip.j2): A by TMA in im2col mode, B by TMA, a producer warpgroup and
+# `tma` consumer warpgroups (bm / 64 / tma m64 blocks each). Tiles (bm, bn, stages, consumer
+# warpgroups, setmaxnreg count for the consumers or 0).
+TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (256, 128, 4, 2, 232),
+             (192, 128, 5, 3, 0), (128, 64, 6, 2, 0), (64, 128, 6, 1, 0), (64, 256, 4, 1, 0))
+
+
+def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
+    """Why the TMA kernel cannot run this problem, or None: NHWC in and out, one group, the im2col
+    map's limits (rank 4: box corners within [-128, 127], tap offsets within 16 bits)."""
+    reason = why_not(p, device)
+    if reason:
+        return reason
+    if p.layout != "nhwc" or p.groups != 1:
+        return "the TMA wgmma kernel takes channels_last input and output and one group"
+    lower = (-p.pad[1], -p.pad[0])
+    upper = (p.pad[3] - (p.kw - 1) * p.dilation[1], p.pad[2] - (p.kh - 1) * p.dilation[0])
+    if not all(-128 <= v <= 127 for v in (*lower, *upper)) or max(p.stride) > 8:
+        return "the TMA im2col map: padding, filter extent or stride outside its limits"
+    if p.pixels > INT32_MAX - 256:
+        return "the TMA wgmma kernel indexes pixels with 32 bits"
+    return None
+
+
+def tma_tile_of(s: Schedule) -> tuple[int, int, int, int, int]:
+    return int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0))
+
+
+def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
+    """The ring, its 2 x stages mbarriers, and 1024 bytes to align the swizzled stages."""
+    return stages * (bm + bn) * 128 + 16 * stages + 1024
+
+
+def tma_schedule(tile: tuple[int, int, int, int, int], bk: int, persistent: bool = True, why: str = "") -> Schedule:
+    bm, bn, stages, wgs, regs = tile
+    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why)
+
+
+def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    reason = tma_why_not(p, device)
+    if reason:
+        raise ScheduleError(reason)
+    bm, bn, stages, wgs, regs = tma_tile_of(s)
+    bk = bk_of(p)
+    if bm % (64 * wgs) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or splits_of(p, s)[0] > 1:
+        raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
+    threads = 128 * (wgs + 1)
+    smem = tma_shared_bytes(bm, bn, stages)
+    if smem > device.shared_per_block_optin or threads > device.max_threads_per_block:
+        raise ScheduleError(f"TMA wgmma tile {bm}x{bn}, {stages} stages: {smem} bytes of shared memory")
+    cs = channels(p)[0]
+    chunks = ceil_div(cs, bk)
+    taps = p.kh * p.kw
+    kp = taps * chunks * bk                     # each tap's channels padded to whole chunks
+    copy = needs_nhwc_copy(p, s)
+    x_name = "x_nhwc" if copy else "x"
+    idx = index_type(p.n * p.h * p.w * cs + 64, p.n * p.cout * p.oh * p.ow + 64, p.cout * kp + 64)
+    tiles_m = ceil_div(p.pixels, bm)
+    tiles = tiles_m * ceil_div(p.cout, bn)
+    grid = min(tiles, device.multiprocessors) if is_persistent(s) else tiles
+    vec_out = p.cout % 8 == 0
+    params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
+              "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias, "has_residual": p.has_residual,
+              "activation": p.activation, "vec_out": vec_out}
+    out_align = 16 if vec_out else 0
+    amap = TensorMap(x_name, p.dtype, (cs, p.w, p.h, p.n), (), 128,
+                     im2col=(-p.pad[1], -p.pad[0], p.pad[3] - (p.kw - 1) * p.dilation[1],
+                             p.pad[2] - (p.kh - 1) * p.dilation[0], bk, bm, p.stride[1], p.stride[0]))
+    bmap = TensorMap("packed_w", p.dtype, (kp, p.cout), (bk, bn), 128)
+    args = (Buf(x_name, align=16), *((Buf("bias", align=out_align),) if p.has_bias else ()),
+            *((Buf("residual", align=out_align),) if p.has_residual else ()), Buf("y", align=out_align),
+            *(Scalar("i32", v) for v in (p.pixels, p.cout, p.oh * p.ow, p.ow, p.stride[0], p.stride[1], p.pad[0],
+                                         p.pad[1], p.dilation[0], p.dilation[1], p.kw, taps * chunks, chunks,
+                                         tiles_m, tiles)),
+            Scalar("f32", p.alpha), amap, bmap)
+    gemm = Launch.make("conv2d/wgmma_tma.hip.j2", "conv2d_wgmma_tma", params, (grid,), (threads,), args, smem)
+    launches = [gemm]
+    workspaces = [Workspace("packed_w", p.cout * kp * p.itemsize, persistent=True, derived_from=("w",))]
+    if copy:
+        launches.insert(0, nhwc_copy_launch(p, idx, cs))
+        workspaces.append(Workspace("x_nhwc", p.n * p.h * p.w * cs * p.itemsize))
+    return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack_launch(p, idx, kp, chunks * bk),))
+
+
+def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    if tma_why_not(p, device):
+        return []
+    out = []
+    for tile in TMA_TILES:
+        bm, bn, stages = tile[:3]
+        if bm > max(64, ceil_div(p.pixels, 64) * 64) or bn > max(64, ceil_div(p.cout, 64) * 64):
+            continue
+        if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
+            continue
+        # a persistent grid where blocks loop (one block per multiprocessor either way)
+        tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
+        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors))
+    return out
