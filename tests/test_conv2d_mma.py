@@ -361,3 +361,40 @@ def test_mma_plans():
     plan = op.plan(p, wgmma_schedule(128, 128, 4, 0, split_k=2), dev)       # the same plan around wgmma
     assert [l.kernel for l in plan.launches] == ["conv2d_to_nhwc", "conv2d_implicit_gemm_wgmma", "conv2d_splitk_reduce"]
     assert [l.kernel for l in plan.prepare] == ["conv2d_mma_pack_weights"]
+
+
+def test_wgmma_tma_plan():
+    """The warp-specialized TMA kernel: an im2col map over the NHWC input (corners from padding,
+    filter and dilation; one 128-byte chunk per pixel; BM pixels per load), a tiled map over weights
+    packed with each tap's channels padded to whole chunks, a producer warpgroup beside the consumers,
+    a persistent grid of one block per multiprocessor; refused with a reason for NCHW and groups."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorMap
+    hopper = jitops.get_backend(target="sm_90").device
+    p = op.make_problem({"x": TensorSpec((2, 96, 31, 33), "float16", "nhwc"), "w": TensorSpec((136, 96, 5, 5), "float16"),
+                         "bias": None}, {"padding": (2, 1, 2, 1), "dilation": (1, 2), "stride": (2, 1)})
+    s = wg.tma_schedule((128, 128, 4, 2, 0), 64)
+    plan = op.plan(p, s, hopper)
+    launch = next(l for l in plan.launches if l.kernel == "conv2d_wgmma_tma")
+    amap, bmap = [a for a in launch.args if isinstance(a, TensorMap)]
+    assert amap.name == "x" and amap.dims == (96, 33, 31, 2)
+    assert amap.im2col == (-1, -2, 1 - 4 * 2, 2 - 4, 64, 128, 1, 2)     # W then H: corners, chunk, pixels, strides
+    assert bmap.name == "packed_w" and bmap.dims == (25 * 128, 136) and bmap.box == (64, 128)   # 96 -> 2 chunks a tap
+    assert launch.block == (384, 1, 1) and launch.grid == (7 * 2, 1, 1)      # 864 pixels, 136 channels: 14 tiles
+    assert launch.shared_bytes <= hopper.shared_per_block_optin
+    assert plan.prepare[0].kernel == "conv2d_mma_pack_weights"
+    odd = op.make_problem({"x": TensorSpec((2, 20, 17, 15), "float32", "nhwc"), "w": TensorSpec((24, 20, 3, 3), "float32"),
+                           "bias": None}, {"padding": 1, "precision": "tf32"})
+    plan = op.plan(odd, wg.tma_schedule((64, 128, 6, 1, 0), 32, persistent=False), hopper)
+    assert [l.kernel for l in plan.launches] == ["conv2d_to_nhwc", "conv2d_wgmma_tma"]    # C = 20: padded copy to 24
+    amap = next(a for a in plan.launches[1].args if isinstance(a, TensorMap))
+    assert amap.name == "x_nhwc" and amap.dims[0] == 24 and amap.im2col[4] == 32
+    nchw = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float16"), "w": TensorSpec((96, 64, 3, 3), "float16"),
+                            "bias": None}, {"padding": 1})
+    grouped = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float16", "nhwc"),
+                               "w": TensorSpec((64, 16, 3, 3), "float16"), "bias": None}, {"padding": 1, "groups": 4})
+    for bad in (nchw, grouped):
+        assert wg.tma_candidates(bad, hopper) == []
+        with pytest.raises(ScheduleError, match="channels_last"):
+            op.plan(bad, s, hopper)
