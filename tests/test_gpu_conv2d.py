@@ -423,8 +423,8 @@ def test_wgmma_tma_im2col_gathers(gpu_backend):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_wgmma_tma_matches_float64(gpu_backend, dtype):
     """The TMA kernel on TMA_CASES, four tiles each (every tile over the cases), plain and persistent
-    grids, with bias + residual and each activation, into a NaN-filled output; fp32 runs with
-    precision tf32."""
+    grids, and split-K (2-4 splits, the reduction adding bias, residual, activation), with bias +
+    residual and each activation, into a NaN-filled output; fp32 runs with precision tf32."""
     if not _hopper(gpu_backend):
         pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
     from jitops.ops import conv2d_wgmma as wg
@@ -439,9 +439,10 @@ def test_wgmma_tma_matches_float64(gpu_backend, dtype):
                 "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
         more = {"activation": act, "alpha": 0.1} if act else {}
         p = get_op("conv2d").make_problem(spec, {**attrs, **extra, **more})
-        for j in range(4):          # four tiles per case, plain and persistent grids: every tile over the cases
+        # four tiles per case, plain and persistent grids (every tile over the cases), and split-K
+        for j in range(5):
             tile, persistent = wg.TMA_TILES[(i + 2 * j) % len(wg.TMA_TILES)], j % 2 == 1
-            s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent)
+            s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent, split_k=2 + i % 3 if j == 4 else 1)
             out = torch.full_like(r, float("nan"))
             y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs, **extra, **more)
             assert not torch.isnan(y).any(), (s, xs)

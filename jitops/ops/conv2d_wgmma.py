@@ -398,9 +398,22 @@ def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
     return stages * (bm + bn) * 128 + 16 * stages + 1024
 
 
-def tma_schedule(tile: tuple[int, int, int, int, int], bk: int, persistent: bool = True, why: str = "") -> Schedule:
+def tma_schedule(tile: tuple[int, int, int, int, int], bk: int, persistent: bool = True, why: str = "",
+                 split_k: int = 1) -> Schedule:
     bm, bn, stages, wgs, regs = tile
-    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why)
+    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why, split_k=split_k)
+
+
+def tma_k_tiles(p: Conv2dProblem) -> int:
+    """K tiles of the TMA kernel: taps x 128-byte channel chunks."""
+    return p.kh * p.kw * ceil_div(channels(p)[0], bk_of(p))
+
+
+def tma_splits(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
+    """(splits, K tiles per split) of a TMA schedule: no split is left empty."""
+    kt = tma_k_tiles(p)
+    per = ceil_div(kt, max(1, int(s.get("split_k", 1))))
+    return ceil_div(kt, per), per
 
 
 def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
@@ -409,8 +422,9 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         raise ScheduleError(reason)
     bm, bn, stages, wgs, regs = tma_tile_of(s)
     bk = bk_of(p)
-    if bm % (64 * wgs) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or splits_of(p, s)[0] > 1:
+    if bm % (64 * wgs) or bm > 256 or bn % 64 or bn > 256 or stages < 2:
         raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
+    splits, kt_per = tma_splits(p, s)
     threads = 128 * (wgs + 1)
     smem = tma_shared_bytes(bm, bn, stages)
     if smem > device.shared_per_block_optin or threads > device.max_threads_per_block:
@@ -424,21 +438,26 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     idx = index_type(p.n * p.h * p.w * cs + 64, p.n * p.cout * p.oh * p.ow + 64, p.cout * kp + 64)
     tiles_m = ceil_div(p.pixels, bm)
     tiles = tiles_m * ceil_div(p.cout, bn)
-    grid = min(tiles, device.multiprocessors) if is_persistent(s) else tiles
+    grid = min(tiles * splits, device.multiprocessors) if is_persistent(s) else tiles * splits
     vec_out = p.cout % 8 == 0
+    fused = splits == 1
     params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
-              "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias, "has_residual": p.has_residual,
-              "activation": p.activation, "vec_out": vec_out}
+              "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
+              "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
+              "vec_out": vec_out, "split_k": not fused}
     out_align = 16 if vec_out else 0
     amap = TensorMap(x_name, p.dtype, (cs, p.w, p.h, p.n), (), 128,
                      im2col=(-p.pad[1], -p.pad[0], p.pad[3] - (p.kw - 1) * p.dilation[1],
                              p.pad[2] - (p.kh - 1) * p.dilation[0], bk, bm, p.stride[1], p.stride[0]))
     bmap = TensorMap("packed_w", p.dtype, (kp, p.cout), (bk, bn), 128)
-    args = (Buf(x_name, align=16), *((Buf("bias", align=out_align),) if p.has_bias else ()),
-            *((Buf("residual", align=out_align),) if p.has_residual else ()), Buf("y", align=out_align),
+    np_ = ceil_div(p.pixels, 8) * 8
+    outs = ((*((Buf("bias", align=out_align),) if p.has_bias else ()),
+             *((Buf("residual", align=out_align),) if p.has_residual else ()), Buf("y", align=out_align))
+            if fused else (Buf("partial"), Scalar("i32", np_)))
+    args = (Buf(x_name, align=16), *outs,
             *(Scalar("i32", v) for v in (p.pixels, p.cout, p.oh * p.ow, p.ow, p.stride[0], p.stride[1], p.pad[0],
-                                         p.pad[1], p.dilation[0], p.dilation[1], p.kw, taps * chunks, chunks,
-                                         tiles_m, tiles)),
+                                         p.pad[1], p.dilation[0], p.dilation[1], p.kw, taps * chunks, kt_per, splits,
+                                         chunks, tiles_m, tiles)),
             Scalar("f32", p.alpha), amap, bmap)
     gemm = Launch.make("conv2d/wgmma_tma.hip.j2", "conv2d_wgmma_tma", params, (grid,), (threads,), args, smem)
     launches = [gemm]
@@ -446,6 +465,10 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if copy:
         launches.insert(0, nhwc_copy_launch(p, idx, cs))
         workspaces.append(Workspace("x_nhwc", p.n * p.h * p.w * cs * p.itemsize))
+    if not fused:
+        from .conv2d_plans import _splitk_launch
+        workspaces.append(Workspace("partial", splits * p.cout * np_ * 4))
+        launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=True))
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack_launch(p, idx, kp, chunks * bk),))
 
 
@@ -459,7 +482,12 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             continue
         if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
             continue
-        # a persistent grid where blocks loop (one block per multiprocessor either way)
+        # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
+        # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
         out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors))
+        if tiles < device.multiprocessors:
+            kt = tma_k_tiles(p)
+            out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
+                    if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
     return out
