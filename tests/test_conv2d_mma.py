@@ -238,11 +238,12 @@ def test_wgmma_only_on_hopper_and_half():
                             "w": TensorSpec((96, 64, 3, 3), "float32"), "bias": None}, {"padding": 1, "precision": "tf32"})
     s = op.heuristic(tf32, hopper, wg.ALGORITHM)
     assert s["bk"] == 32                                   # 32 fp32 per 128-byte swizzled row
-    cands = wg.candidates(half, hopper)                  # Cout 96: no tile wider than 128 columns
+    cands = [s for s in wg.candidates(half, hopper) if not wg.is_tma(s)]   # Cout 96: no tile wider than 128 columns
     assert {wg.tile_of(s)[1] for s in cands} == {64, 128}
     wide = op.make_problem({"x": TensorSpec((2, 64, 20, 20), "float16", "nhwc"),
                             "w": TensorSpec((256, 64, 3, 3), "float16"), "bias": None}, {"padding": 1})
-    assert len({wg.tile_of(s) for s in wg.candidates(wide, hopper)}) == len(wg.TILES)
+    assert len({wg.tile_of(s) for s in wg.candidates(wide, hopper) if not wg.is_tma(s)}) == len(wg.TILES)
+    assert {wg.tma_tile_of(s) for s in wg.candidates(wide, hopper) if wg.is_tma(s)} == set(wg.TMA_TILES)
     for s in cands:
         launch = next(l for l in op.plan(half, s, hopper).launches if l.kernel == "conv2d_implicit_gemm_wgmma")
         assert launch.shared_bytes <= hopper.shared_per_block_optin

@@ -270,7 +270,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
                 if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
     out += [schedule(*tile, bk=bk_of(p), persistent=True) for tile in PERSISTENT_TILES
             if persistent_offered(p, tile, device)]
-    return out
+    return out + tma_candidates(p, device)
 
 
 def persistent_offered(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo) -> bool:
@@ -300,7 +300,7 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     bf16 model does not rate persistent tiles (persistent_rate is empty): the tuner times them.
     TF32 rates them (tf32_persistent_rate) and its picks may be persistent at any K; where its
     pick is not, the same rule applies (its constants were chosen with the rule in place)."""
-    if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
+    if s.algorithm != ALGORITHM or is_persistent(s) or is_tma(s) or splits_of(p, s)[0] > 1:
         return None
     tile = tile_of(s)
     if tile not in TWIN_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
@@ -316,6 +316,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     its own constants); or the operands' L2 traffic or the DRAM bytes, whichever is larger; plus
     the NHWC copy and the split-K reduction."""
     prm = prm or COST
+    if is_tma(s):
+        return tma_estimate(p, s, device, bandwidth, launch_s)
     bm, bn, stages, producer = tile_of(s)
     peak_sm = 4096 * 1.83e9
     tile = (bm, bn, stages, producer)
@@ -473,7 +475,11 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 
 
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
-    if tma_why_not(p, device):
+    """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
+    stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
+    2026-11-26), a tile no wider than the problem, plain or persistent grids, split-K where the
+    tiles leave multiprocessors idle."""
+    if tma_why_not(p, device) or p.cout % 8:
         return []
     out = []
     for tile in TMA_TILES:
@@ -491,3 +497,43 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
                     if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
     return out
+
+
+# Constants of tma_estimate, per precision class ("16": fp16 / bf16, "tf32"): per tile, the share of
+# the dense rate (TF32: half the fp16 one) a block sustains in its main loop; per-block overheads in
+# K elements of 128 bytes' worth (one chunk = BK elements), plain and persistent grids. Chosen by
+# scripts/conv2d_tma_fit.py on the H100 sweeps of 2026-11-26 (docs/data/conv2d_tma_h100_2026-11-26/).
+TMA_RATE: dict = {}
+TMA_OVERHEAD = {"16": 0.0, "tf32": 0.0}
+TMA_PERSISTENT_OVERHEAD = {"16": 0.0, "tf32": 0.0}
+UNRATED_TMA = 0.05
+
+
+def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
+                 rates: dict | None = None, overhead: dict | None = None, persistent_overhead: dict | None = None) -> float:
+    """Seconds for one call of the TMA kernel: one block per multiprocessor (the ring fills its shared
+    memory), waves of blocks each at its tile's share of the dense rate over its K tiles plus a fixed
+    overhead; or the DRAM bytes; plus the NHWC copy and the split-K reduction."""
+    rates = TMA_RATE if rates is None else rates
+    cls = "tf32" if p.dtype == "float32" else "16"
+    ovh = (TMA_PERSISTENT_OVERHEAD if persistent_overhead is None else persistent_overhead) if is_persistent(s) \
+        else (TMA_OVERHEAD if overhead is None else overhead)
+    tile = tma_tile_of(s)
+    bm, bn = tile[:2]
+    bk = bk_of(p)
+    splits, per = tma_splits(p, s)
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn) * splits
+    waves = ceil_div(blocks, device.multiprocessors)
+    rate = 4096 * 1.83e9 / (2 if cls == "tf32" else 1) * rates.get((cls, tile), UNRATED_TMA)
+    compute = waves * 2.0 * bm * bn * bk * (per + ovh[cls]) / rate
+    isz = p.itemsize
+    cs, _ = channels(p)
+    x_bytes = p.n * p.h * p.w * cs * isz
+    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    w_bytes = p.cout * per * splits * bk * isz
+    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
+    if needs_nhwc_copy(p, s):
+        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    if splits > 1:
+        t += COST.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
+    return t
