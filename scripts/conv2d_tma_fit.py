@@ -60,7 +60,7 @@ def cls_of(dtype: str) -> str:
     return "tf32" if dtype == "tf32" else "16"
 
 
-def fit(rows):
+def fit(rows, l2=0.0):
     """(rates, overhead, persistent overhead) minimizing the squared log error, per class."""
     samples = defaultdict(list)               # cls -> [(p, s, seconds)]
     for r in rows:
@@ -77,12 +77,13 @@ def fit(rows):
                 logs = defaultdict(list)
                 for p, s, t in xs:    # rate share implied by each timing at share 1
                     t1 = wg.tma_estimate(p, s, DEV, BW, PARAMS.launch_s, rates={(cls, wg.tma_tile_of(s)): 1.0},
-                                         overhead={cls: o}, persistent_overhead={cls: po})
+                                         overhead={cls: o}, persistent_overhead={cls: po}, l2=0.0, margin=1.0)
                     logs[wg.tma_tile_of(s)].append(math.log(t1 / t))
                 for tile, v in logs.items():
                     r_cls[(cls, tile)] = math.exp(sum(v) / len(v))
                 err = sum((math.log(wg.tma_estimate(p, s, DEV, BW, PARAMS.launch_s, rates=r_cls, overhead={cls: o},
-                                                    persistent_overhead={cls: po})) - math.log(t)) ** 2 for p, s, t in xs)
+                                                    persistent_overhead={cls: po}, l2=l2, margin=1.0)) - math.log(t)) ** 2
+                          for p, s, t in xs)
                 if best is None or err < best[0]:
                     best = (err, r_cls, o, po)
         err, r_cls, o, po = best
@@ -92,8 +93,9 @@ def fit(rows):
     return rates, ovh, povh
 
 
-def evaluate(rows, rates, ovh, povh, verbose=False):
-    """The model's choice per problem against the faster measured of {heuristic pick, best TMA}."""
+def evaluate(rows, rates, ovh, povh, verbose=False, l2=0.0, margin=1.0, quiet=False):
+    """The model's choice per problem against the faster measured of {heuristic pick, best TMA}:
+    (geometric mean of chosen / best, worst) over all problems."""
     out = defaultdict(list)
     for r in rows:
         p = problem(r)
@@ -106,7 +108,7 @@ def evaluate(rows, rates, ovh, povh, verbose=False):
         for text in times:
             if "tma=" in text:
                 cands[text] = wg.tma_estimate(p, schedule_of(text), DEV, BW, PARAMS.launch_s, rates=rates,
-                                              overhead=ovh, persistent_overhead=povh)
+                                              overhead=ovh, persistent_overhead=povh, l2=l2, margin=margin)
         chosen = min(cands, key=cands.get)
         best = min(times[k] for k in cands)
         vendor = min(r["cudnn"].values())
@@ -115,10 +117,14 @@ def evaluate(rows, rates, ovh, povh, verbose=False):
             print(f"  {r['dtype']:8} {r['label']:20} chosen {times[chosen]:7.1f} (est {cands[chosen] * 1e6:7.1f}) "
                   f"best {best:7.1f} pick {times[pick]:7.1f} cuDNN {vendor:7.1f}  {chosen.split('(')[1][:-1]}")
     geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
+    every = [a for v in out.values() for a, _, _ in v]
+    if quiet:
+        return geo(every), max(every)
     for (dtype, sec), v in sorted(out.items()):
         print(f"{dtype:8} {sec:5} {len(v):2} problems: chosen / best {geo([a for a, _, _ in v]):.3f} (worst "
               f"{max(a for a, _, _ in v):.2f}); vs cuDNN {geo([b for _, b, _ in v]):.3f} (lowest "
               f"{min(b for _, b, _ in v):.2f}), the pick without TMA {geo([c for _, _, c in v]):.3f}")
+    return geo(every), max(every)
 
 
 def main() -> None:
@@ -127,10 +133,20 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     rows = [r for path in args.sweeps for r in load(path)]
-    rates, ovh, povh = fit(rows)
+    best = None
+    for l2 in (0.0, 6e12, 8e12, 10e12, 12e12):         # the L2 term: on a grid, each with its own fit
+        rates, ovh, povh = fit(rows, l2)
+        for margin in (0.9, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3):
+            g, worst = evaluate(rows, rates, ovh, povh, l2=l2, margin=margin, quiet=True)
+            score = math.log(g) + 0.25 * math.log(worst)
+            print(f"l2 {l2:.0e} margin {margin}: chosen / best {g:.3f}, worst {worst:.2f}")
+            if best is None or score < best[0]:
+                best = (score, l2, margin, rates, ovh, povh)
+    _, l2, margin, rates, ovh, povh = best
     print("TMA_RATE = {" + ", ".join(f"{k!r}: {v:.3f}" for k, v in sorted(rates.items())) + "}")
-    print(f"TMA_OVERHEAD = {ovh!r}\nTMA_PERSISTENT_OVERHEAD = {povh!r}")
-    evaluate(rows, rates, ovh, povh, args.verbose)
+    print(f"TMA_OVERHEAD = {ovh!r}\nTMA_PERSISTENT_OVERHEAD = {povh!r}\nTMA_L2_BYTES_PER_S = {l2:.3g}\n"
+          f"TMA_MARGIN = {margin}")
+    evaluate(rows, rates, ovh, povh, args.verbose, l2=l2, margin=margin)
 
 
 if __name__ == "__main__":

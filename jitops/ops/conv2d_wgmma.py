@@ -371,7 +371,10 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
 # `tma` consumer warpgroups (bm / 64 / tma m64 blocks each). Tiles (bm, bn, stages, consumer
 # warpgroups, setmaxnreg count for the consumers or 0).
 TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (256, 128, 4, 2, 232),
-             (192, 128, 5, 3, 0), (128, 64, 6, 2, 0), (64, 128, 6, 1, 0), (64, 256, 4, 1, 0))
+             (192, 128, 5, 3, 0), (128, 64, 6, 2, 0), (64, 128, 6, 1, 0), (64, 256, 4, 1, 0),
+             # two blocks per multiprocessor (one's epilogue beside the other's products; 128 x 128 with 3 stages
+             # does not compile at the 80 registers that leaves, setmaxnreg or not: ptxas C7602)
+             (64, 128, 4, 1, 0), (128, 64, 3, 2, 0), (64, 64, 4, 1, 0))
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -398,6 +401,14 @@ def tma_tile_of(s: Schedule) -> tuple[int, int, int, int, int]:
 def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
     """The ring, its 2 x stages mbarriers, and 1024 bytes to align the swizzled stages."""
     return stages * (bm + bn) * 128 + 16 * stages + 1024
+
+
+def tma_resident(tile: tuple[int, int, int, int, int], device: DeviceInfo) -> int:
+    """Blocks of a TMA tile one multiprocessor holds (1 or 2): by shared memory and threads; the
+    launch bounds then ask ptxas for registers to match. Two blocks overlap one's epilogue (stores
+    from the accumulators) and start with the other's products."""
+    bm, bn, stages, wgs, regs = tile
+    return 1 if regs > 128 else min(2, device.resident_blocks(128 * (wgs + 1), tma_shared_bytes(bm, bn, stages)))
 
 
 def tma_schedule(tile: tuple[int, int, int, int, int], bk: int, persistent: bool = True, why: str = "",
@@ -440,10 +451,12 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     idx = index_type(p.n * p.h * p.w * cs + 64, p.n * p.cout * p.oh * p.ow + 64, p.cout * kp + 64)
     tiles_m = ceil_div(p.pixels, bm)
     tiles = tiles_m * ceil_div(p.cout, bn)
-    grid = min(tiles * splits, device.multiprocessors) if is_persistent(s) else tiles * splits
+    resident = tma_resident((bm, bn, stages, wgs, regs), device)
+    grid = min(tiles * splits, device.multiprocessors * resident) if is_persistent(s) else tiles * splits
     vec_out = p.cout % 8 == 0
     fused = splits == 1
     params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
+              "min_blocks": resident,
               "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
               "vec_out": vec_out, "split_k": not fused}
@@ -491,7 +504,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
-        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors))
+        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors * tma_resident(tile, device)))
         if tiles < device.multiprocessors:
             kt = tma_k_tiles(p)
             out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
@@ -503,14 +516,20 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
 # the dense rate (TF32: half the fp16 one) a block sustains in its main loop; per-block overheads in
 # K elements of 128 bytes' worth (one chunk = BK elements), plain and persistent grids. Chosen by
 # scripts/conv2d_tma_fit.py on the H100 sweeps of 2026-11-26 (docs/data/conv2d_tma_h100_2026-11-26/).
-TMA_RATE: dict = {}
-TMA_OVERHEAD = {"16": 0.0, "tf32": 0.0}
-TMA_PERSISTENT_OVERHEAD = {"16": 0.0, "tf32": 0.0}
+TMA_RATE = {('16', (64, 128, 6, 1, 0)): 0.723, ('16', (64, 256, 4, 1, 0)): 0.811, ('16', (128, 64, 6, 2, 0)): 0.700, ('16', (128, 128, 4, 2, 0)): 0.884, ('16', (128, 128, 6, 2, 0)): 0.890, ('16', (128, 256, 4, 2, 232)): 0.960, ('16', (192, 128, 5, 3, 0)): 0.909, ('16', (256, 128, 4, 2, 232)): 0.970, ('tf32', (64, 128, 6, 1, 0)): 0.698, ('tf32', (64, 256, 4, 1, 0)): 0.795, ('tf32', (128, 64, 6, 2, 0)): 0.685, ('tf32', (128, 128, 4, 2, 0)): 0.835, ('tf32', (128, 128, 6, 2, 0)): 0.868, ('tf32', (128, 256, 4, 2, 232)): 0.955, ('tf32', (192, 128, 5, 3, 0)): 0.888, ('tf32', (256, 128, 4, 2, 232)): 0.940}
+TMA_OVERHEAD = {'tf32': 8, '16': 6}
+TMA_PERSISTENT_OVERHEAD = {'tf32': 12, '16': 6}
+# Bytes per second from L2 into all multiprocessors' shared memory (0: no such term), and the factor
+# the heuristic charges the TMA kernel against the other kernels' estimates (their models were fitted
+# apart; chosen on the same sweeps for the fewest lost picks).
+TMA_L2_BYTES_PER_S = 1.2e+13
+TMA_MARGIN = 1.15
 UNRATED_TMA = 0.05
 
 
 def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
-                 rates: dict | None = None, overhead: dict | None = None, persistent_overhead: dict | None = None) -> float:
+                 rates: dict | None = None, overhead: dict | None = None, persistent_overhead: dict | None = None,
+                 l2: float | None = None, margin: float | None = None) -> float:
     """Seconds for one call of the TMA kernel: one block per multiprocessor (the ring fills its shared
     memory), waves of blocks each at its tile's share of the dense rate over its K tiles plus a fixed
     overhead; or the DRAM bytes; plus the NHWC copy and the split-K reduction."""
@@ -523,9 +542,14 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     bk = bk_of(p)
     splits, per = tma_splits(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn) * splits
-    waves = ceil_div(blocks, device.multiprocessors)
+    resident = tma_resident(tile, device)                 # resident blocks share the multiprocessor
+    waves = ceil_div(blocks, device.multiprocessors * resident) * resident
     rate = 4096 * 1.83e9 / (2 if cls == "tf32" else 1) * rates.get((cls, tile), UNRATED_TMA)
     compute = waves * 2.0 * bm * bn * bk * (per + ovh[cls]) / rate
+    l2 = TMA_L2_BYTES_PER_S if l2 is None else l2
+    if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
+        compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
+    compute *= TMA_MARGIN if margin is None else margin
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
