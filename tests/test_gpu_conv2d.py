@@ -412,7 +412,7 @@ def test_wgmma_tma_im2col_gathers(gpu_backend):
                 w[tap * c + ch, ch, tap // k, tap % k] = 1
         ref = F.conv2d(x.double(), w.double(), **attrs)
         p = get_op("conv2d").make_problem({"x": TensorSpec(xs, "float16", "nhwc"), "w": _spec(w)}, attrs)
-        for tile in ((64, 128, 6, 1, 0), (128, 64, 6, 2, 0), (256, 128, 4, 2, 232)):
+        for tile in ((64, 128, 6, 1, 0), (128, 64, 6, 2, 0), (256, 128, 4, 2, 232), (64, 128, 6, 2, 0, 1)):
             out = torch.full(tuple(ref.shape), float("nan"), dtype=torch.float16, device="cuda").to(
                 memory_format=torch.channels_last)
             y = jitops.conv2d(x, w, out=out, schedule=wg.tma_schedule(tile, 64), **attrs)
@@ -422,8 +422,8 @@ def test_wgmma_tma_im2col_gathers(gpu_backend):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_wgmma_tma_matches_float64(gpu_backend, dtype):
-    """The TMA kernel on TMA_CASES, four tiles each (every tile over the cases), plain and persistent
-    grids, and split-K (2-4 splits, the reduction adding bias, residual, activation), with bias +
+    """The TMA kernel on TMA_CASES, four tiles each (every tile over the cases, ping-pong ones too), plain
+    and persistent grids, and split-K (2-4 splits, the reduction adding bias, residual, activation), with bias +
     residual and each activation, into a NaN-filled output; fp32 runs with precision tf32."""
     if not _hopper(gpu_backend):
         pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
@@ -440,8 +440,11 @@ def test_wgmma_tma_matches_float64(gpu_backend, dtype):
         more = {"activation": act, "alpha": 0.1} if act else {}
         p = get_op("conv2d").make_problem(spec, {**attrs, **extra, **more})
         # four tiles per case, plain and persistent grids (every tile over the cases), and split-K
+        plain = [t for t in wg.TMA_TILES if len(t) == 5]       # ping-pong tiles take no split-K
         for j in range(5):
-            tile, persistent = wg.TMA_TILES[(i + 2 * j) % len(wg.TMA_TILES)], j % 2 == 1
+            tile, persistent = wg.TMA_TILES[(3 * i + j) % len(wg.TMA_TILES)], j % 2 == 1
+            if j == 4:
+                tile = plain[i % len(plain)]
             s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent, split_k=2 + i % 3 if j == 4 else 1)
             out = torch.full_like(r, float("nan"))
             y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs, **extra, **more)

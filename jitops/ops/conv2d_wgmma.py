@@ -128,7 +128,8 @@ def bk_of(p: Conv2dProblem) -> int:
 
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
-             persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0) -> Schedule:
+             persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0,
+             pingpong: bool = False) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
     if b_nchw:
         extra["b_nchw"] = 1
@@ -136,6 +137,8 @@ def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why
         extra["tma"] = tma
         if regs:
             extra["regs"] = regs
+        if pingpong:
+            extra["pingpong"] = 1
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma", **extra)
 
@@ -374,7 +377,10 @@ TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (2
              (192, 128, 5, 3, 0), (128, 64, 6, 2, 0), (64, 128, 6, 1, 0), (64, 256, 4, 1, 0),
              # two blocks per multiprocessor (one's epilogue beside the other's products; 128 x 128 with 3 stages
              # does not compile at the 80 registers that leaves, setmaxnreg or not: ptxas C7602)
-             (64, 128, 4, 1, 0), (128, 64, 3, 2, 0), (64, 64, 4, 1, 0))
+             (64, 128, 4, 1, 0), (128, 64, 3, 2, 0), (64, 64, 4, 1, 0),
+             # ping-pong: the two consumer warpgroups take alternate tiles whole
+             (128, 128, 4, 2, 232, 1), (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1), (64, 128, 6, 2, 0, 1),
+             (64, 256, 4, 2, 232, 1))
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -394,8 +400,10 @@ def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-def tma_tile_of(s: Schedule) -> tuple[int, int, int, int, int]:
-    return int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0))
+def tma_tile_of(s: Schedule) -> tuple[int, ...]:
+    """(bm, bn, stages, consumer warpgroups, setmaxnreg count), and a sixth 1 for ping-pong."""
+    tile = (int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0)))
+    return tile + (1,) if int(s.get("pingpong", 0)) else tile
 
 
 def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
@@ -407,14 +415,15 @@ def tma_resident(tile: tuple[int, int, int, int, int], device: DeviceInfo) -> in
     """Blocks of a TMA tile one multiprocessor holds (1 or 2): by shared memory and threads; the
     launch bounds then ask ptxas for registers to match. Two blocks overlap one's epilogue (stores
     from the accumulators) and start with the other's products."""
-    bm, bn, stages, wgs, regs = tile
+    bm, bn, stages, wgs, regs = tile[:5]
     return 1 if regs > 128 else min(2, device.resident_blocks(128 * (wgs + 1), tma_shared_bytes(bm, bn, stages)))
 
 
-def tma_schedule(tile: tuple[int, int, int, int, int], bk: int, persistent: bool = True, why: str = "",
+def tma_schedule(tile: tuple[int, ...], bk: int, persistent: bool = True, why: str = "",
                  split_k: int = 1) -> Schedule:
-    bm, bn, stages, wgs, regs = tile
-    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why, split_k=split_k)
+    bm, bn, stages, wgs, regs = tile[:5]
+    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why, split_k=split_k,
+                    pingpong=len(tile) > 5 and bool(tile[5]))
 
 
 def tma_k_tiles(p: Conv2dProblem) -> int:
@@ -433,11 +442,16 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     reason = tma_why_not(p, device)
     if reason:
         raise ScheduleError(reason)
-    bm, bn, stages, wgs, regs = tma_tile_of(s)
+    tile = tma_tile_of(s)
+    bm, bn, stages, wgs, regs = tile[:5]
+    pingpong = len(tile) > 5
     bk = bk_of(p)
-    if bm % (64 * wgs) or bm > 256 or bn % 64 or bn > 256 or stages < 2:
+    if (bm % (64 * wgs) and not pingpong) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or \
+            (pingpong and (wgs != 2 or bm * bn // 128 > 128 and not regs)):
         raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
     splits, kt_per = tma_splits(p, s)
+    if pingpong and splits > 1:
+        raise ScheduleError("the ping-pong TMA kernel takes no split-K")
     threads = 128 * (wgs + 1)
     smem = tma_shared_bytes(bm, bn, stages)
     if smem > device.shared_per_block_optin or threads > device.max_threads_per_block:
@@ -451,12 +465,13 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     idx = index_type(p.n * p.h * p.w * cs + 64, p.n * p.cout * p.oh * p.ow + 64, p.cout * kp + 64)
     tiles_m = ceil_div(p.pixels, bm)
     tiles = tiles_m * ceil_div(p.cout, bn)
-    resident = tma_resident((bm, bn, stages, wgs, regs), device)
-    grid = min(tiles * splits, device.multiprocessors * resident) if is_persistent(s) else tiles * splits
+    resident = tma_resident(tile, device)
+    blocks = ceil_div(tiles, 2) if pingpong else tiles * splits        # ping-pong: two tiles per block at least
+    grid = min(blocks, device.multiprocessors * resident) if is_persistent(s) else blocks
     vec_out = p.cout % 8 == 0
     fused = splits == 1
     params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
-              "min_blocks": resident,
+              "min_blocks": resident, "pingpong": int(pingpong),
               "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
               "vec_out": vec_out, "split_k": not fused}
@@ -505,7 +520,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
         out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors * tma_resident(tile, device)))
-        if tiles < device.multiprocessors:
+        if tiles < device.multiprocessors and len(tile) == 5:
             kt = tma_k_tiles(p)
             out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
                     if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
@@ -516,14 +531,14 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
 # the dense rate (TF32: half the fp16 one) a block sustains in its main loop; per-block overheads in
 # K elements of 128 bytes' worth (one chunk = BK elements), plain and persistent grids. Chosen by
 # scripts/conv2d_tma_fit.py on the H100 sweeps of 2026-11-26 (docs/data/conv2d_tma_h100_2026-11-26/).
-TMA_RATE = {('16', (64, 128, 6, 1, 0)): 0.723, ('16', (64, 256, 4, 1, 0)): 0.811, ('16', (128, 64, 6, 2, 0)): 0.700, ('16', (128, 128, 4, 2, 0)): 0.884, ('16', (128, 128, 6, 2, 0)): 0.890, ('16', (128, 256, 4, 2, 232)): 0.960, ('16', (192, 128, 5, 3, 0)): 0.909, ('16', (256, 128, 4, 2, 232)): 0.970, ('tf32', (64, 128, 6, 1, 0)): 0.698, ('tf32', (64, 256, 4, 1, 0)): 0.795, ('tf32', (128, 64, 6, 2, 0)): 0.685, ('tf32', (128, 128, 4, 2, 0)): 0.835, ('tf32', (128, 128, 6, 2, 0)): 0.868, ('tf32', (128, 256, 4, 2, 232)): 0.955, ('tf32', (192, 128, 5, 3, 0)): 0.888, ('tf32', (256, 128, 4, 2, 232)): 0.940}
-TMA_OVERHEAD = {'tf32': 8, '16': 6}
+TMA_RATE = {('16', (64, 64, 4, 1, 0)): 0.691, ('16', (64, 128, 4, 1, 0)): 0.903, ('16', (64, 128, 6, 1, 0)): 0.716, ('16', (64, 256, 4, 1, 0)): 0.793, ('16', (128, 64, 3, 2, 0)): 0.741, ('16', (128, 64, 6, 2, 0)): 0.688, ('16', (128, 128, 4, 2, 0)): 0.862, ('16', (128, 128, 6, 2, 0)): 0.869, ('16', (128, 256, 4, 2, 232)): 0.920, ('16', (192, 128, 5, 3, 0)): 0.876, ('16', (256, 128, 4, 2, 232)): 0.925, ('tf32', (64, 64, 4, 1, 0)): 0.678, ('tf32', (64, 128, 4, 1, 0)): 0.862, ('tf32', (64, 128, 6, 1, 0)): 0.692, ('tf32', (64, 256, 4, 1, 0)): 0.781, ('tf32', (128, 64, 3, 2, 0)): 0.716, ('tf32', (128, 64, 6, 2, 0)): 0.673, ('tf32', (128, 128, 4, 2, 0)): 0.821, ('tf32', (128, 128, 6, 2, 0)): 0.855, ('tf32', (128, 256, 4, 2, 232)): 0.930, ('tf32', (192, 128, 5, 3, 0)): 0.869, ('tf32', (256, 128, 4, 2, 232)): 0.911}
+TMA_OVERHEAD = {'tf32': 6, '16': 4}
 TMA_PERSISTENT_OVERHEAD = {'tf32': 12, '16': 6}
 # Bytes per second from L2 into all multiprocessors' shared memory (0: no such term), and the factor
 # the heuristic charges the TMA kernel against the other kernels' estimates (their models were fitted
 # apart; chosen on the same sweeps for the fewest lost picks).
 TMA_L2_BYTES_PER_S = 1.2e+13
-TMA_MARGIN = 1.15
+TMA_MARGIN = 1.2
 UNRATED_TMA = 0.05
 
 
@@ -542,6 +557,8 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     bk = bk_of(p)
     splits, per = tma_splits(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn) * splits
+    if len(tile) > 5:                                     # ping-pong: two tiles share a block, one at a time
+        blocks = ceil_div(blocks, 2) * 2
     resident = tma_resident(tile, device)                 # resident blocks share the multiprocessor
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
     rate = 4096 * 1.83e9 / (2 if cls == "tf32" else 1) * rates.get((cls, tile), UNRATED_TMA)
