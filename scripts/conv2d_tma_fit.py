@@ -106,7 +106,7 @@ def evaluate(rows, rates, ovh, povh, verbose=False, l2=0.0, margin=1.0, quiet=Fa
             continue
         cands = {pick: estimate(p, schedule_of(pick), DEV)}
         for text in times:
-            if "tma=" in text:
+            if "tma=" in text and p.flops >= wg.TMA_MIN_FLOPS:
                 cands[text] = wg.tma_estimate(p, schedule_of(text), DEV, BW, PARAMS.launch_s, rates=rates,
                                               overhead=ovh, persistent_overhead=povh, l2=l2, margin=margin)
         chosen = min(cands, key=cands.get)
