@@ -143,7 +143,8 @@ def main() -> None:
             if best is None or score < best[0]:
                 best = (score, l2, margin, rates, ovh, povh)
     _, l2, margin, rates, ovh, povh = best
-    print("TMA_RATE = {" + ", ".join(f"{k!r}: {v:.3f}" for k, v in sorted(rates.items())) + "}")
+    print("TMA_RATE = {" + ", ".join(f"{k!r}: {v:.3f}" for k, v in sorted(rates.items())   # tiles still offered
+                                     if k[1] in wg.TMA_TILES) + "}")
     print(f"TMA_OVERHEAD = {ovh!r}\nTMA_PERSISTENT_OVERHEAD = {povh!r}\nTMA_L2_BYTES_PER_S = {l2:.3g}\n"
           f"TMA_MARGIN = {margin}")
     evaluate(rows, rates, ovh, povh, args.verbose, l2=l2, margin=margin)

@@ -503,10 +503,11 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack_launch(p, idx, kp, chunks * bk),))
 
 
-# Problems below this many flops keep the other kernels: on the 11 benchmark problems under 1 GFLOP
-# (0.05-0.7 GFLOP, 2.6-9 us) the TMA kernel's fastest tile beat the cp.async kernel's pick on 3, by at
-# most 4%, and lost up to 1.3x on the others (H100, 2026-11-26, runs 2-5): a block's fixed cost (barrier
-# setup, the first loads' latency, one tile per block) is a large share there.
+# Problems below this many flops keep the other kernels (a coarse measured rule). On the benchmark's
+# six shapes under 1 GFLOP (0.05-0.7 GFLOP, 2.6-12 us; H100, 2026-11-26) the TMA kernel's fastest tile
+# ranged from 1.6x slower (5x5_kernel fp16) to 1.24x faster (very_wide_pointwise) than the cp.async
+# kernel's pick, and the model's choice among them did no better than this rule (thresholds 0.1-1
+# GFLOP scored within 1% of each other on run 5's sweep).
 TMA_MIN_FLOPS = 1e9
 
 
