@@ -145,7 +145,9 @@ def _map_encoder(backend: Backend, spec: TensorMap) -> Any:
         if blob is None:
             if len(memo) >= 16:
                 memo.clear()
-            blob = memo[ptr] = backend.tensor_map(ptr, spec.dtype, spec.dims, spec.box, spec.swizzle, spec.strides)
+            blob = memo[ptr] = (backend.im2col_map(ptr, spec.dtype, spec.dims, spec.im2col, spec.swizzle)
+                                if spec.im2col else
+                                backend.tensor_map(ptr, spec.dtype, spec.dims, spec.box, spec.swizzle, spec.strides))
         return blob
     return encode
 

@@ -60,6 +60,24 @@ def small_cases() -> None:
     print("small cases done", flush=True)
 
 
+def small_tma_cases() -> None:
+    """fp16 and TF32 TMA tiles (plain and persistent grids: blocks loop over 40-150 tiles; 3 K splits),
+    bias + residual + ReLU, C = 40 (one partial chunk) and 96 (two): what the sanitizers run with --tma."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for dt, extra in ((torch.float16, {}), (torch.float32, {"precision": "tf32"})):
+        for cin in (40, 96):
+            x = torch.randn(2, cin, 60, 80, device="cuda", generator=g).to(dt).to(memory_format=CL)
+            w = (torch.randn(72, cin, 3, 3, device="cuda", generator=g) * 0.05).to(dt)
+            b = torch.randn(72, device="cuda", generator=g).to(dt)
+            r = torch.randn(2, 72, 60, 80, device="cuda", generator=g).to(dt).to(memory_format=CL)
+            for tile in ((128, 128, 4, 2, 0), (256, 128, 4, 2, 232), (64, 128, 4, 1, 0), (128, 128, 6, 2, 232, 1)):
+                for persistent, split in ((False, 1), (True, 1)) + (((False, 3),) if len(tile) == 5 else ()):
+                    s = wg.tma_schedule(tile, 64 if dt != torch.float32 else 32, persistent=persistent, split_k=split)
+                    jitops.conv2d(x, w, b, padding=1, residual=r, activation="relu", schedule=s, **extra)
+    torch.cuda.synchronize()
+    print("small TMA cases done", flush=True)
+
+
 # ---------------------------------------------------------------- problems
 
 _LAYERS: list = []
@@ -254,6 +272,8 @@ def run_sweep(args, probs, out_rows) -> None:
             cands.append(pick)
         if dtype != "tf32":             # other precisions: the persistent tiles beside the pick
             cands = [s for s in cands if wg.is_persistent(s) or s == pick]
+        if args.tma:                    # the TMA kernel's tiles beside the pick
+            cands = wg.tma_candidates(p, jitops.get_backend().device) + [pick]
         skipped = [s for s in cands if s != pick and not compiled(p, s)]
         cands = [s for s in cands if s not in skipped]
         row = {"section": sec, "label": label, "dtype": dtype, "x": list(xs), "w": list(ws), "attrs": attrs,
@@ -337,6 +357,10 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--picks", action="store_true")
     ap.add_argument("--small", action="store_true", help="(what the sanitizers run)")
+    ap.add_argument("--small-tma", action="store_true", help="(what the sanitizers run with --tma)")
+    ap.add_argument("--tma", action="store_true", help="sweeps time the TMA kernel's tiles and the pick; "
+                    "the sanitizers run the TMA kernel (memcheck, racecheck, synccheck)")
+    ap.add_argument("--pytest-k", default="", help="pytest -k expression for --pytest")
     ap.add_argument("--dtypes", default="float16,bfloat16,tf32", help="of the benchmark problems")
     ap.add_argument("--big-dtypes", default="float16,bfloat16,tf32")
     ap.add_argument("--layer-dtypes", default="tf32,bfloat16")
@@ -357,25 +381,31 @@ def main() -> None:
     if args.small:
         small_cases()
         return
+    if args.small_tma:
+        small_tma_cases()
+        return
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
     bg = {}
     if not args.no_sanitize:
-        for tool in ("memcheck", "racecheck"):
+        for tool in ("memcheck", "racecheck") + (("synccheck",) if args.tma else ()):
             bg[tool] = subprocess.Popen(["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", sys.executable,
-                                         __file__, "--small"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                         __file__, "--small-tma" if args.tma else "--small"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if args.pytest:
         log = open(os.path.join(args.out, "pytest.log"), "w")
         bg["pytest"] = subprocess.Popen([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                                         "--durations=15", "tests/test_gpu_conv2d.py"], stdout=log, stderr=subprocess.STDOUT)
+                                         "--durations=15", "tests/test_gpu_conv2d.py",
+                                         *(["-k", args.pytest_k] if args.pytest_k else [])],
+                                        stdout=log, stderr=subprocess.STDOUT)
 
     picks_probs, sweep_probs, work = plan_work(args)
     precompile(work, args.workers, args.compile_deadline)
     results = {}
     for name, proc in bg.items():        # nothing is timed while these share the GPU
-        cap = args.pytest_cap if name == "pytest" else args.budget
+        cap = args.pytest_cap
         left = max(30.0, cap - (time.time() - T0))
         try:
             text, _ = proc.communicate(timeout=left) if name != "pytest" else (None, proc.wait(timeout=left))
@@ -450,7 +480,9 @@ def plan_work(args):
             work.append((p, pick))
             if old_s is not None and str(old_s) != str(pick):
                 work.append((p, old_s))
-            if mode == "sweep":
+            if mode == "sweep" and args.tma:
+                work += [(p, s) for s in wg.tma_candidates(p, dev)]
+            elif mode == "sweep":
                 work += [(p, s) for s in wg.candidates(p, dev) if dtype == "tf32" or wg.is_persistent(s)]
     print(f"{len(picks_probs)} picks, {len(sweep_probs)} sweep problems; "
           f"{sum(1 for e in picks_probs if e[10] is not None and str(e[10]) != str(e[9]))} picks changed", flush=True)

@@ -365,3 +365,88 @@ def test_mma_reads_nchw_in_place(gpu_backend, dtype):
             assert not torch.isnan(y).any(), s
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err <= tol, (xs, ws, s, err)
+
+
+# Odd shapes for the TMA kernel (A by TMA im2col, B by TMA, warp-specialized): C below one chunk and
+# not a multiple of 8 (padded copy), C past one chunk, odd H / W, stride 2, dilation 2, padding 0 and 2,
+# 1x1 / 3x3 / 5x5 / 7x7, tiles crossing images, Cout not a multiple of the tile (and of 8).
+TMA_CASES = (((2, 20, 17, 15), (24, 20, 3, 3), {"padding": 1, "stride": 2}),
+             ((1, 40, 19, 21), (40, 40, 3, 3), {"padding": 2, "dilation": 2}),
+             ((3, 96, 13, 11), (72, 96, 5, 5), {"padding": 2}),
+             ((2, 64, 14, 14), (200, 64, 1, 1), {}),
+             ((2, 72, 15, 17), (36, 72, 3, 3), {"padding": 0}),
+             ((2, 16, 23, 19), (20, 16, 7, 7), {"padding": 3, "stride": 2}),
+             ((4, 136, 9, 9), (132, 136, 3, 3), {"padding": 1, "stride": 2, "dilation": 2}))
+
+
+def _tma_case(xs, ws, attrs, dtype, seed, act="relu", alpha=0.01):
+    x = rand(*xs, dtype=dtype, seed=seed).to(memory_format=torch.channels_last)
+    w = rand(*ws, dtype=dtype, scale=(ws[1] * ws[2] * ws[3]) ** -0.5, seed=seed + 10)
+    b = rand(ws[0], dtype=dtype, seed=seed + 20)
+    ref = F.conv2d(x.double(), w.double(), b.double(), **attrs)
+    r = rand(*ref.shape, dtype=dtype, seed=seed + 30).to(memory_format=torch.channels_last)
+    ref = ref + r.double()
+    ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
+    return x, w, b, r, ref
+
+
+def test_wgmma_tma_im2col_gathers(gpu_backend):
+    """The im2col map's walk, exactly: with one-hot weights (output channel tap * C + c takes input
+    channel c at tap (r, s)) the convolution is the im2col matrix itself; small integers in fp16 make
+    it exact. Padding 0 / 1 / 2, stride 1 / 2, dilation 1 / 2, tiles crossing image boundaries and
+    running past the last pixel, C below one chunk and past it."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    for i, (xs, k, attrs) in enumerate((((3, 8, 7, 9), 3, {"padding": 1}), ((2, 16, 11, 10), 3, {"padding": 2, "stride": 2}),
+                                        ((2, 24, 9, 13), 3, {"padding": 2, "dilation": 2}), ((3, 8, 10, 7), 2, {}),
+                                        ((2, 72, 6, 5), 1, {"stride": 2}))):
+        n, c = xs[:2]
+        g = torch.Generator(device="cuda").manual_seed(i)
+        x = torch.randint(-8, 9, xs, device="cuda", generator=g).half().to(memory_format=torch.channels_last)
+        w = torch.zeros(k * k * c, c, k, k, device="cuda", dtype=torch.float16)
+        for tap in range(k * k):
+            for ch in range(c):
+                w[tap * c + ch, ch, tap // k, tap % k] = 1
+        ref = F.conv2d(x.double(), w.double(), **attrs)
+        p = get_op("conv2d").make_problem({"x": TensorSpec(xs, "float16", "nhwc"), "w": _spec(w)}, attrs)
+        for tile in ((64, 128, 6, 1, 0), (128, 64, 6, 2, 0), (256, 128, 4, 2, 232), (64, 128, 6, 2, 0, 1)):
+            out = torch.full(tuple(ref.shape), float("nan"), dtype=torch.float16, device="cuda").to(
+                memory_format=torch.channels_last)
+            y = jitops.conv2d(x, w, out=out, schedule=wg.tma_schedule(tile, 64), **attrs)
+            bad = (y.double() != ref).nonzero()
+            assert len(bad) == 0, (xs, k, attrs, tile, bad[:8].tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_wgmma_tma_matches_float64(gpu_backend, dtype):
+    """The TMA kernel on TMA_CASES, four tiles each (every tile over the cases, ping-pong ones too), plain
+    and persistent grids, and split-K (2-4 splits, the reduction adding bias, residual, activation), with bias +
+    residual and each activation, into a NaN-filled output; fp32 runs with precision tf32."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 4e-3}[dtype]
+    extra = {"precision": "tf32"} if dtype == torch.float32 else {}
+    acts = ("relu", "leaky_relu", None)
+    for i, (xs, ws, attrs) in enumerate(TMA_CASES):
+        act = acts[i % 3]
+        x, w, b, r, ref = _tma_case(xs, ws, attrs, dtype, seed=i, act=act, alpha=0.1)
+        spec = {"x": TensorSpec(xs, _spec(x).dtype, "nhwc"), "w": _spec(w), "bias": _spec(b),
+                "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
+        more = {"activation": act, "alpha": 0.1} if act else {}
+        p = get_op("conv2d").make_problem(spec, {**attrs, **extra, **more})
+        # four tiles per case, plain and persistent grids (every tile over the cases), and split-K
+        plain = [t for t in wg.TMA_TILES if len(t) == 5]       # ping-pong tiles take no split-K
+        for j in range(5):
+            tile, persistent = wg.TMA_TILES[(3 * i + j) % len(wg.TMA_TILES)], j % 2 == 1
+            if j == 4:
+                tile = plain[i % len(plain)]
+            s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent, split_k=2 + i % 3 if j == 4 else 1)
+            out = torch.full_like(r, float("nan"))
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs, **extra, **more)
+            assert not torch.isnan(y).any(), (s, xs)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (s, xs, ws, attrs, err)

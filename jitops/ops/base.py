@@ -136,7 +136,11 @@ class TensorMap:
     elements (innermost first; `strides`: the element strides of dims 1.., dense when None: each
     the product of the sizes before), copied in boxes of `box` elements with a `swizzle` of 0, 32,
     64 or 128 bytes; the backend encodes it from the buffer's address at every bind (elements
-    outside the tensor read as zeros)."""
+    outside the tensor read as zeros).
+
+    `im2col` makes it an im2col map (cuTensorMapEncodeIm2col) over a dense NHWC tensor, dims
+    (C, W, H, N): (lower_w, lower_h, upper_w, upper_h, channels per pixel, pixels per load,
+    stride_w, stride_h); `box` is then unused."""
 
     name: str
     dtype: str
@@ -144,6 +148,7 @@ class TensorMap:
     box: tuple[int, ...]
     swizzle: int = 128
     strides: tuple[int, ...] | None = None
+    im2col: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

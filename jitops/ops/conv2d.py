@@ -110,6 +110,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                          "residual": TensorSpec((2, 20, 5, 4), dtype, "nhwc")},
                                         {"padding": 1, "stride": 2, "activation": "relu"})
                 out.append((res_nhwc, conv2d_wgmma.schedule(128, 128, 3, 0, persistent=True)))   # scalar stores
+                out.append((res_nhwc, conv2d_wgmma.tma_schedule((256, 128, 4, 2, 232), 64)))      # TMA, setmaxnreg
                 nchw_1x1 = _problem((2, 40, 8, 6), (72, 40, 1, 1), dtype, bias=True, residual=True, activation="relu")
                 out.append((nchw_1x1, conv2d_wgmma.schedule(128, 64, 4, 0, b_nchw=True)))          # NCHW read in place
             continue

@@ -240,34 +240,44 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
                                          p.dilation[1])),
             Scalar("f32", p.alpha))
     gemm = Launch.make(template, kernel, params, grid, (threads,), args, shared)
-    scalar = "i32" if idx == "int" else "i64"
-    layout = {"ctype": ctype, "index_type": idx, "block": LAYOUT_BLOCK}
-    pack = Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights", {**layout, "stage": "pack"},
-                       (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
-                       (Buf("w"), Buf("packed_w"), Scalar(scalar, packed),
-                        *(Scalar("i32", v) for v in (kp, cgp, p.cin_g, p.kh, p.kw))))
+    pack = pack_launch(p, idx, kp, cgp)
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
-        src_nhwc = p.layout == "nhwc"
-        narrow = not src_nhwc and cs == 8          # C <= 8 from NCHW: a thread per pixel, no shared tile
-        total = p.n * p.h * p.w * (cs // 8)
-        grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc or narrow else \
-            (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
-        if max(grid_c[1:], default=0) > 65535:
-            raise ScheduleError(f"NHWC copy grid {grid_c} exceeds the launch limits")
-        to_nhwc = Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
-                              {**layout, "block": LAYOUT_BLOCK, "stage": "nhwc", "src_nhwc": src_nhwc,
-                               "narrow": narrow},
-                              grid_c, (LAYOUT_BLOCK,),
-                              (Buf("x"), Buf("x_nhwc"), Scalar(scalar, total),
-                               *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
-        launches.insert(0, to_nhwc)
+        launches.insert(0, nhwc_copy_launch(p, idx, cs))
         workspaces.append(Workspace("x_nhwc", x_elems * p.itemsize))
     if not fused:
         workspaces.append(Workspace("partial", partial * 4))
         launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=out_nhwc))
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def pack_launch(p: Conv2dProblem, idx: str, kp: int, cgp: int) -> Launch:
+    """The weight pack (a prepare launch): OIHW w -> packed_w[cout][kp], k = tap * cgp + c, zeros
+    for channels past the group's and for k past the taps."""
+    packed = p.cout * kp
+    return Launch.make("conv2d/layout.hip.j2", "conv2d_mma_pack_weights",
+                       {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": LAYOUT_BLOCK, "stage": "pack"},
+                       (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                       (Buf("w"), Buf("packed_w"), Scalar("i32" if idx == "int" else "i64", packed),
+                        *(Scalar("i32", v) for v in (kp, cgp, p.cin_g, p.kh, p.kw))))
+
+
+def nhwc_copy_launch(p: Conv2dProblem, idx: str, cs: int) -> Launch:
+    """x (NCHW, or NHWC with C % 8 != 0) -> x_nhwc with cs channels per pixel (zeros past C)."""
+    src_nhwc = p.layout == "nhwc"
+    narrow = not src_nhwc and cs == 8          # C <= 8 from NCHW: a thread per pixel, no shared tile
+    total = p.n * p.h * p.w * (cs // 8)
+    grid_c = (ceil_div(total, LAYOUT_BLOCK),) if src_nhwc or narrow else \
+        (ceil_div(p.h * p.w, 32), ceil_div(cs, 64), p.n)
+    if max(grid_c[1:], default=0) > 65535:
+        raise ScheduleError(f"NHWC copy grid {grid_c} exceeds the launch limits")
+    return Launch.make("conv2d/layout.hip.j2", "conv2d_to_nhwc",
+                       {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": LAYOUT_BLOCK, "stage": "nhwc",
+                        "src_nhwc": src_nhwc, "narrow": narrow},
+                       grid_c, (LAYOUT_BLOCK,),
+                       (Buf("x"), Buf("x_nhwc"), Scalar("i32" if idx == "int" else "i64", total),
+                        *(Scalar("i32", v) for v in (p.cin, p.h * p.w, cs))))
 
 
 def _vector_bytes(p: Conv2dProblem, params: dict, vec_out: bool) -> tuple[int, int, int]:

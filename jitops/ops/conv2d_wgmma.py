@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .base import Plan, Schedule, ceil_div
-from .conv2d_mma import channels, epilogue_bytes, k_padded, needs_nhwc_copy, plan_around, splits_of
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div, index_type
+from .conv2d_mma import (channels, epilogue_bytes, k_padded, needs_nhwc_copy, nhwc_copy_launch, pack_launch,
+                         plan_around, splits_of)
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_wgmma"
@@ -127,10 +128,17 @@ def bk_of(p: Conv2dProblem) -> int:
 
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
-             persistent: bool = False, b_nchw: bool = False) -> Schedule:
+             persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0,
+             pingpong: bool = False) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
     if b_nchw:
         extra["b_nchw"] = 1
+    if tma:
+        extra["tma"] = tma
+        if regs:
+            extra["regs"] = regs
+        if pingpong:
+            extra["pingpong"] = 1
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma", **extra)
 
@@ -138,6 +146,11 @@ def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why
 def is_persistent(s: Schedule) -> bool:
     """Whether the schedule runs a persistent grid (each block loops over tiles)."""
     return bool(int(s.get("persistent", 0)))
+
+
+def is_tma(s: Schedule) -> bool:
+    """Whether the schedule is the warp-specialized TMA kernel (templates/conv2d/wgmma_tma.hip.j2)."""
+    return bool(int(s.get("tma", 0)))
 
 
 def is_nchw_1x1(s: Schedule) -> bool:
@@ -216,6 +229,8 @@ def plan_nchw_1x1(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     if is_nchw_1x1(s):
         return plan_nchw_1x1(p, s, device)
+    if is_tma(s):
+        return plan_tma(p, s, device)
     tile = tile_of(s)
     bm, bn, stages, producer = tile
     persistent = is_persistent(s)
@@ -258,7 +273,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
                 if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
     out += [schedule(*tile, bk=bk_of(p), persistent=True) for tile in PERSISTENT_TILES
             if persistent_offered(p, tile, device)]
-    return out
+    return out + tma_candidates(p, device)
 
 
 def persistent_offered(p: Conv2dProblem, tile: tuple[int, int, int, int], device: DeviceInfo) -> bool:
@@ -288,7 +303,7 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     bf16 model does not rate persistent tiles (persistent_rate is empty): the tuner times them.
     TF32 rates them (tf32_persistent_rate) and its picks may be persistent at any K; where its
     pick is not, the same rule applies (its constants were chosen with the rule in place)."""
-    if s.algorithm != ALGORITHM or is_persistent(s) or splits_of(p, s)[0] > 1:
+    if s.algorithm != ALGORITHM or is_persistent(s) or is_tma(s) or splits_of(p, s)[0] > 1:
         return None
     tile = tile_of(s)
     if tile not in TWIN_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
@@ -304,6 +319,8 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     its own constants); or the operands' L2 traffic or the DRAM bytes, whichever is larger; plus
     the NHWC copy and the split-K reduction."""
     prm = prm or COST
+    if is_tma(s):
+        return tma_estimate(p, s, device, bandwidth, launch_s)
     bm, bn, stages, producer = tile_of(s)
     peak_sm = 4096 * 1.83e9
     tile = (bm, bn, stages, producer)
@@ -349,4 +366,238 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
         t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
+    return t
+
+
+# ---------------------------------------------------------------- the warp-specialized TMA kernel
+# (templates/conv2d/wgmma_tma.hip.j2): A by TMA in im2col mode, B by TMA, a producer warpgroup and
+# `tma` consumer warpgroups (bm / 64 / tma m64 blocks each). Tiles (bm, bn, stages, consumer
+# warpgroups, setmaxnreg count for the consumers or 0).
+TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (256, 128, 4, 2, 232),
+             (192, 128, 5, 3, 0), (128, 64, 6, 2, 0), (64, 128, 6, 1, 0), (64, 256, 4, 1, 0),
+             # two blocks per multiprocessor (one's epilogue beside the other's products; 128 x 128 with 3 stages
+             # does not compile at the 80 registers that leaves, setmaxnreg or not: ptxas C7602)
+             (64, 128, 4, 1, 0), (128, 64, 3, 2, 0), (64, 64, 4, 1, 0),
+             # ping-pong: the two consumer warpgroups take alternate tiles whole (offered on persistent grids
+             # only: where blocks get few tiles, one warpgroup idles). Of five timed (H100 2026-11-26, run 5)
+             # these two were fastest anywhere: TF32 C = 64 3x3 layers, 1.03-1.05x the best other tile.
+             (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1))
+
+
+def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
+    """Why the TMA kernel cannot run this problem, or None: NHWC in and out, one group, the im2col
+    map's limits (rank 4: box corners within [-128, 127], tap offsets within 16 bits)."""
+    reason = why_not(p, device)
+    if reason:
+        return reason
+    if p.layout != "nhwc" or p.groups != 1:
+        return "the TMA wgmma kernel takes channels_last input and output and one group"
+    lower = (-p.pad[1], -p.pad[0])
+    upper = (p.pad[3] - (p.kw - 1) * p.dilation[1], p.pad[2] - (p.kh - 1) * p.dilation[0])
+    if not all(-128 <= v <= 127 for v in (*lower, *upper)) or max(p.stride) > 8:
+        return "the TMA im2col map: padding, filter extent or stride outside its limits"
+    if p.pixels > INT32_MAX - 256:
+        return "the TMA wgmma kernel indexes pixels with 32 bits"
+    return None
+
+
+def tma_tile_of(s: Schedule) -> tuple[int, ...]:
+    """(bm, bn, stages, consumer warpgroups, setmaxnreg count), and a sixth 1 for ping-pong."""
+    tile = (int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0)))
+    return tile + (1,) if int(s.get("pingpong", 0)) else tile
+
+
+def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
+    """The ring, its 2 x stages mbarriers, and 1024 bytes to align the swizzled stages."""
+    return stages * (bm + bn) * 128 + 16 * stages + 1024
+
+
+def tma_resident(tile: tuple[int, int, int, int, int], device: DeviceInfo) -> int:
+    """Blocks of a TMA tile one multiprocessor holds (1 or 2): by shared memory and threads; the
+    launch bounds then ask ptxas for registers to match. Two blocks overlap one's epilogue (stores
+    from the accumulators) and start with the other's products."""
+    bm, bn, stages, wgs, regs = tile[:5]
+    return 1 if regs > 128 else min(2, device.resident_blocks(128 * (wgs + 1), tma_shared_bytes(bm, bn, stages)))
+
+
+def tma_schedule(tile: tuple[int, ...], bk: int, persistent: bool = True, why: str = "",
+                 split_k: int = 1) -> Schedule:
+    bm, bn, stages, wgs, regs = tile[:5]
+    return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why, split_k=split_k,
+                    pingpong=len(tile) > 5 and bool(tile[5]))
+
+
+def tma_k_tiles(p: Conv2dProblem) -> int:
+    """K tiles of the TMA kernel: taps x 128-byte channel chunks."""
+    return p.kh * p.kw * ceil_div(channels(p)[0], bk_of(p))
+
+
+def tma_splits(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
+    """(splits, K tiles per split) of a TMA schedule: no split is left empty."""
+    kt = tma_k_tiles(p)
+    per = ceil_div(kt, max(1, int(s.get("split_k", 1))))
+    return ceil_div(kt, per), per
+
+
+def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    reason = tma_why_not(p, device)
+    if reason:
+        raise ScheduleError(reason)
+    tile = tma_tile_of(s)
+    bm, bn, stages, wgs, regs = tile[:5]
+    pingpong = len(tile) > 5
+    bk = bk_of(p)
+    if (bm % (64 * wgs) and not pingpong) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or \
+            (pingpong and (wgs != 2 or bm * bn // 128 > 128 and not regs)):
+        raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
+    splits, kt_per = tma_splits(p, s)
+    if pingpong and splits > 1:
+        raise ScheduleError("the ping-pong TMA kernel takes no split-K")
+    threads = 128 * (wgs + 1)
+    smem = tma_shared_bytes(bm, bn, stages)
+    if smem > device.shared_per_block_optin or threads > device.max_threads_per_block:
+        raise ScheduleError(f"TMA wgmma tile {bm}x{bn}, {stages} stages: {smem} bytes of shared memory")
+    cs = channels(p)[0]
+    chunks = ceil_div(cs, bk)
+    taps = p.kh * p.kw
+    kp = taps * chunks * bk                     # each tap's channels padded to whole chunks
+    copy = needs_nhwc_copy(p, s)
+    x_name = "x_nhwc" if copy else "x"
+    idx = index_type(p.n * p.h * p.w * cs + 64, p.n * p.cout * p.oh * p.ow + 64, p.cout * kp + 64)
+    tiles_m = ceil_div(p.pixels, bm)
+    tiles = tiles_m * ceil_div(p.cout, bn)
+    resident = tma_resident(tile, device)
+    blocks = ceil_div(tiles, 2) if pingpong else tiles * splits        # ping-pong: two tiles per block at least
+    grid = min(blocks, device.multiprocessors * resident) if is_persistent(s) else blocks
+    vec_out = p.cout % 8 == 0
+    fused = splits == 1
+    params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
+              "min_blocks": resident, "pingpong": int(pingpong),
+              "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
+              "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
+              "vec_out": vec_out, "split_k": not fused}
+    out_align = 16 if vec_out else 0
+    amap = TensorMap(x_name, p.dtype, (cs, p.w, p.h, p.n), (), 128,
+                     im2col=(-p.pad[1], -p.pad[0], p.pad[3] - (p.kw - 1) * p.dilation[1],
+                             p.pad[2] - (p.kh - 1) * p.dilation[0], bk, bm, p.stride[1], p.stride[0]))
+    bmap = TensorMap("packed_w", p.dtype, (kp, p.cout), (bk, bn), 128)
+    np_ = ceil_div(p.pixels, 8) * 8
+    outs = ((*((Buf("bias", align=out_align),) if p.has_bias else ()),
+             *((Buf("residual", align=out_align),) if p.has_residual else ()), Buf("y", align=out_align))
+            if fused else (Buf("partial"), Scalar("i32", np_)))
+    args = (Buf(x_name, align=16), *outs,
+            *(Scalar("i32", v) for v in (p.pixels, p.cout, p.oh * p.ow, p.ow, p.stride[0], p.stride[1], p.pad[0],
+                                         p.pad[1], p.dilation[0], p.dilation[1], p.kw, taps * chunks, kt_per, splits,
+                                         chunks, tiles_m, tiles)),
+            Scalar("f32", p.alpha), amap, bmap)
+    gemm = Launch.make("conv2d/wgmma_tma.hip.j2", "conv2d_wgmma_tma", params, (grid,), (threads,), args, smem)
+    launches = [gemm]
+    workspaces = [Workspace("packed_w", p.cout * kp * p.itemsize, persistent=True, derived_from=("w",))]
+    if copy:
+        launches.insert(0, nhwc_copy_launch(p, idx, cs))
+        workspaces.append(Workspace("x_nhwc", p.n * p.h * p.w * cs * p.itemsize))
+    if not fused:
+        from .conv2d_plans import _splitk_launch
+        workspaces.append(Workspace("partial", splits * p.cout * np_ * 4))
+        launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=True))
+    return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack_launch(p, idx, kp, chunks * bk),))
+
+
+# Problems below this many flops keep the other kernels (a coarse measured rule). On the benchmark's
+# six shapes under 1 GFLOP (0.05-0.7 GFLOP, 2.6-12 us; H100, 2026-11-26) the TMA kernel's fastest tile
+# ranged from 1.6x slower (5x5_kernel fp16) to 1.24x faster (very_wide_pointwise) than the cp.async
+# kernel's pick, and the model's choice among them did no better than this rule (thresholds 0.1-1
+# GFLOP scored within 1% of each other on run 5's sweep).
+TMA_MIN_FLOPS = 1e9
+
+
+def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
+    stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
+    2026-11-26), at least TMA_MIN_FLOPS, a tile no wider than the problem, plain or persistent grids,
+    split-K where the tiles leave multiprocessors idle."""
+    if tma_why_not(p, device) or p.cout % 8 or p.flops < TMA_MIN_FLOPS:
+        return []
+    out = []
+    for tile in TMA_TILES:
+        bm, bn, stages = tile[:3]
+        if bm > max(64, ceil_div(p.pixels, 64) * 64) or bn > max(64, ceil_div(p.cout, 64) * 64):
+            continue
+        if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
+            continue
+        # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
+        # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
+        tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
+        if len(tile) > 5 and tiles < 4 * device.multiprocessors:
+            continue
+        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors * tma_resident(tile, device)))
+        if tiles < device.multiprocessors and len(tile) == 5:
+            kt = tma_k_tiles(p)
+            out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
+                    if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
+    return out
+
+
+# Constants of tma_estimate, per precision class ("16": fp16 / bf16, "tf32"): per tile, the share of
+# the dense rate (TF32: half the fp16 one) a block sustains in its main loop; per-block overheads in
+# K tiles (one 128-byte chunk of channels of one tap), plain and persistent grids. Chosen by
+# `python3 scripts/conv2d_tma_fit.py docs/data/conv2d_tma_h100_2026-11-26/run{2,3,5}_sweep.json.gz` (H100
+# sweeps of 2026-11-26: every TMA candidate of the 15 benchmark and 14 large problems, checked against
+# float64 first): rms error 0.155 (fp16 / bf16) and 0.17 (TF32) in log time.
+TMA_RATE = {
+    ('16', (64, 64, 4, 1, 0)): 0.674, ('16', (64, 128, 4, 1, 0)): 0.895, ('16', (64, 128, 6, 1, 0)): 0.699,
+    ('16', (64, 256, 4, 1, 0)): 0.786, ('16', (128, 64, 3, 2, 0)): 0.732, ('16', (128, 64, 6, 2, 0)): 0.675,
+    ('16', (128, 64, 6, 2, 0, 1)): 0.511, ('16', (128, 128, 4, 2, 0)): 0.85, ('16', (128, 128, 6, 2, 0)): 0.855,
+    ('16', (128, 128, 6, 2, 232, 1)): 0.638, ('16', (128, 256, 4, 2, 232)): 0.921, ('16', (192, 128, 5, 3, 0)): 0.866,
+    ('16', (256, 128, 4, 2, 232)): 0.92, ('tf32', (64, 64, 4, 1, 0)): 0.66, ('tf32', (64, 128, 4, 1, 0)): 0.851,
+    ('tf32', (64, 128, 6, 1, 0)): 0.674, ('tf32', (64, 256, 4, 1, 0)): 0.774, ('tf32', (128, 64, 3, 2, 0)): 0.706,
+    ('tf32', (128, 64, 6, 2, 0)): 0.659, ('tf32', (128, 64, 6, 2, 0, 1)): 0.474, ('tf32', (128, 128, 4, 2, 0)): 0.808,
+    ('tf32', (128, 128, 6, 2, 0)): 0.839, ('tf32', (128, 128, 6, 2, 232, 1)): 0.592, ('tf32', (128, 256, 4, 2, 232)): 0.928,
+    ('tf32', (192, 128, 5, 3, 0)): 0.858, ('tf32', (256, 128, 4, 2, 232)): 0.904,
+}
+TMA_OVERHEAD = {'tf32': 6, '16': 4}
+TMA_PERSISTENT_OVERHEAD = {'tf32': 8, '16': 4}
+# Bytes per second from L2 into all multiprocessors' shared memory (0: no such term), and the factor
+# the heuristic charges the TMA kernel against the other kernels' estimates (their models were fitted
+# apart; chosen on the same sweeps for the fewest lost picks).
+TMA_L2_BYTES_PER_S = 1.2e+13
+TMA_MARGIN = 1.1
+UNRATED_TMA = 0.05
+
+
+def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
+                 rates: dict | None = None, overhead: dict | None = None, persistent_overhead: dict | None = None,
+                 l2: float | None = None, margin: float | None = None) -> float:
+    """Seconds for one call of the TMA kernel: one block per multiprocessor (the ring fills its shared
+    memory), waves of blocks each at its tile's share of the dense rate over its K tiles plus a fixed
+    overhead; or the DRAM bytes; plus the NHWC copy and the split-K reduction."""
+    rates = TMA_RATE if rates is None else rates
+    cls = "tf32" if p.dtype == "float32" else "16"
+    ovh = (TMA_PERSISTENT_OVERHEAD if persistent_overhead is None else persistent_overhead) if is_persistent(s) \
+        else (TMA_OVERHEAD if overhead is None else overhead)
+    tile = tma_tile_of(s)
+    bm, bn = tile[:2]
+    bk = bk_of(p)
+    splits, per = tma_splits(p, s)
+    blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn) * splits
+    if len(tile) > 5:                                     # ping-pong: two tiles share a block, one at a time
+        blocks = ceil_div(blocks, 2) * 2
+    resident = tma_resident(tile, device)                 # resident blocks share the multiprocessor
+    waves = ceil_div(blocks, device.multiprocessors * resident) * resident
+    rate = 4096 * 1.83e9 / (2 if cls == "tf32" else 1) * rates.get((cls, tile), UNRATED_TMA)
+    compute = waves * 2.0 * bm * bn * bk * (per + ovh[cls]) / rate
+    l2 = TMA_L2_BYTES_PER_S if l2 is None else l2
+    if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
+        compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
+    compute *= TMA_MARGIN if margin is None else margin
+    isz = p.itemsize
+    cs, _ = channels(p)
+    x_bytes = p.n * p.h * p.w * cs * isz
+    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    w_bytes = p.cout * per * splits * bk * isz
+    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
+    if needs_nhwc_copy(p, s):
+        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
+    if splits > 1:
+        t += COST.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
     return t

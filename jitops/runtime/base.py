@@ -140,6 +140,10 @@ class Backend(ABC):
         """The 128 bytes of a TMA tensor map over `ptr` (see ops.base.TensorMap). Only CUDA has TMA."""
         raise BackendUnavailable(f"{self.name} backend: no tensor maps (TMA is an sm_90 feature)")
 
+    def im2col_map(self, ptr: int, dtype: str, dims: Sequence[int], im2col: Sequence[int], swizzle: int) -> bytes:
+        """The 128 bytes of a TMA im2col tensor map over `ptr` (see ops.base.TensorMap.im2col)."""
+        raise BackendUnavailable(f"{self.name} backend: no tensor maps (TMA is an sm_90 feature)")
+
     def capturing(self, stream: int = 0) -> bool:
         """Whether `stream` is being captured into a CUDA graph (a synchronize or a free would end
         the capture). Backends without graphs: never."""

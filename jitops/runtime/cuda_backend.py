@@ -313,6 +313,10 @@ class CudaBackend(Backend):
                    strides: Sequence[int] | None = None) -> bytes:
         return drv.encode_tensor_map(ptr, dtype, dims, box, swizzle, strides)
 
+    def im2col_map(self, ptr: int, dtype: str, dims: Sequence[int], im2col: Sequence[int], swizzle: int) -> bytes:
+        lw, lh, uw, uh, channels, pixels, sw, sh = im2col
+        return drv.encode_im2col_map(ptr, dtype, dims, (lw, lh), (uw, uh), channels, pixels, (1, sw, sh, 1), swizzle)
+
     def capturing(self, stream: int = 0) -> bool:
         status = ctypes.c_int()
         code = drv.libcuda().cuStreamIsCapturing(stream, ctypes.byref(status))

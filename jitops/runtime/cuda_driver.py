@@ -54,6 +54,9 @@ _SIGNATURES: dict[str, list] = {
     "cuStreamIsCapturing": [_vp, _c.POINTER(_c.c_int)],
     "cuTensorMapEncodeTiled": [_vp, _c.c_int, _c.c_uint32, _vp, _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_uint64),
                                _c.POINTER(_c.c_uint32), _c.POINTER(_c.c_uint32), _c.c_int, _c.c_int, _c.c_int, _c.c_int],
+    "cuTensorMapEncodeIm2col": [_vp, _c.c_int, _c.c_uint32, _vp, _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_uint64),
+                                _c.POINTER(_c.c_int), _c.POINTER(_c.c_int), _c.c_uint32, _c.c_uint32,
+                                _c.POINTER(_c.c_uint32), _c.c_int, _c.c_int, _c.c_int, _c.c_int],
     "cuEventCreate": [_c.POINTER(_vp), _c.c_uint],
     "cuEventRecord": [_vp, _vp],
     "cuEventSynchronize": [_vp],
@@ -143,5 +146,30 @@ def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int, e
     call("cuTensorMapEncodeTiled", base, code, rank, ptr,
          (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
          (ctypes.c_uint32 * rank)(*[int(b) for b in box]), (ctypes.c_uint32 * rank)(*([1] * rank)),
+         0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
+    return ctypes.string_at(base, 128)
+
+
+def encode_im2col_map(ptr: int, dtype: str, dims: Any, lower: Any, upper: Any, channels: int, pixels: int,
+                      elem_strides: Any, swizzle: int) -> bytes:
+    """cuTensorMapEncodeIm2col over a dense NHWC tensor (dims innermost first: C, W, H, N): each load
+    brings `pixels` consecutive output pixels' rows of `channels` channels, the pixels walked with
+    `elem_strides` (1, stride_w, stride_h, 1) over the box of window corners from `lower` to `upper`
+    (W, H; relative to the tensor's first / last position: -padding and padding - (filter - 1) *
+    dilation), wrapping to the next row and image; zeros outside the tensor (the padding)."""
+    code, itemsize = TENSOR_MAP_DTYPE[dtype]
+    rank = len(dims)
+    strides = []
+    step = itemsize
+    for d in dims[:-1]:
+        step *= int(d)
+        strides.append(step)
+    buf = (ctypes.c_ubyte * 192)()
+    base = (ctypes.addressof(buf) + 63) & ~63
+    nsp = rank - 2
+    call("cuTensorMapEncodeIm2col", base, code, rank, ptr,
+         (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * (rank - 1))(*strides),
+         (ctypes.c_int * nsp)(*[int(v) for v in lower]), (ctypes.c_int * nsp)(*[int(v) for v in upper]),
+         int(channels), int(pixels), (ctypes.c_uint32 * rank)(*[int(e) for e in elem_strides]),
          0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
     return ctypes.string_at(base, 128)
