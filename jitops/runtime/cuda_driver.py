@@ -128,26 +128,35 @@ TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 TENSOR_MAP_L2_PROMOTION_256B = 3
 
 
-def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int, elem_strides: Any = None) -> bytes:
-    """cuTensorMapEncodeTiled (innermost dim first; element strides of dims 1.., dense when None),
-    zeros outside the tensor. The driver wants the 128-byte CUtensorMap 64-byte aligned: it is
-    written into an over-sized buffer."""
-    code, itemsize = TENSOR_MAP_DTYPE[dtype]
-    rank = len(dims)
-    strides = []
-    step = itemsize
+def _dense_byte_strides(dims: Any, itemsize: int) -> list[int]:
+    """Byte strides of dims 1.. of a dense tensor (dims innermost first), as the encoders take them."""
+    strides, step = [], itemsize
     for d in dims[:-1]:
         step *= int(d)
         strides.append(step)
-    if elem_strides is not None:
-        strides = [int(s) * itemsize for s in elem_strides]
+    return strides
+
+
+def _encode_map(function: str, *args: Any) -> bytes:
+    """One cuTensorMapEncode* call into a 64-byte aligned CUtensorMap (the driver wants that alignment:
+    it is written into an over-sized buffer); the 128 bytes of the map."""
     buf = (ctypes.c_ubyte * 192)()
     base = (ctypes.addressof(buf) + 63) & ~63
-    call("cuTensorMapEncodeTiled", base, code, rank, ptr,
-         (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
-         (ctypes.c_uint32 * rank)(*[int(b) for b in box]), (ctypes.c_uint32 * rank)(*([1] * rank)),
-         0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
+    call(function, base, *args)
     return ctypes.string_at(base, 128)
+
+
+def encode_tensor_map(ptr: int, dtype: str, dims: Any, box: Any, swizzle: int, elem_strides: Any = None) -> bytes:
+    """cuTensorMapEncodeTiled (innermost dim first; element strides of dims 1.., dense when None),
+    zeros outside the tensor."""
+    code, itemsize = TENSOR_MAP_DTYPE[dtype]
+    rank = len(dims)
+    strides = (_dense_byte_strides(dims, itemsize) if elem_strides is None
+               else [int(s) * itemsize for s in elem_strides])
+    return _encode_map("cuTensorMapEncodeTiled", code, rank, ptr,
+                       (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+                       (ctypes.c_uint32 * rank)(*[int(b) for b in box]), (ctypes.c_uint32 * rank)(*([1] * rank)),
+                       0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
 
 
 def encode_im2col_map(ptr: int, dtype: str, dims: Any, lower: Any, upper: Any, channels: int, pixels: int,
@@ -159,17 +168,10 @@ def encode_im2col_map(ptr: int, dtype: str, dims: Any, lower: Any, upper: Any, c
     dilation), wrapping to the next row and image; zeros outside the tensor (the padding)."""
     code, itemsize = TENSOR_MAP_DTYPE[dtype]
     rank = len(dims)
-    strides = []
-    step = itemsize
-    for d in dims[:-1]:
-        step *= int(d)
-        strides.append(step)
-    buf = (ctypes.c_ubyte * 192)()
-    base = (ctypes.addressof(buf) + 63) & ~63
     nsp = rank - 2
-    call("cuTensorMapEncodeIm2col", base, code, rank, ptr,
-         (ctypes.c_uint64 * rank)(*[int(d) for d in dims]), (ctypes.c_uint64 * (rank - 1))(*strides),
-         (ctypes.c_int * nsp)(*[int(v) for v in lower]), (ctypes.c_int * nsp)(*[int(v) for v in upper]),
-         int(channels), int(pixels), (ctypes.c_uint32 * rank)(*[int(e) for e in elem_strides]),
-         0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
-    return ctypes.string_at(base, 128)
+    return _encode_map("cuTensorMapEncodeIm2col", code, rank, ptr,
+                       (ctypes.c_uint64 * rank)(*[int(d) for d in dims]),
+                       (ctypes.c_uint64 * (rank - 1))(*_dense_byte_strides(dims, itemsize)),
+                       (ctypes.c_int * nsp)(*[int(v) for v in lower]), (ctypes.c_int * nsp)(*[int(v) for v in upper]),
+                       int(channels), int(pixels), (ctypes.c_uint32 * rank)(*[int(e) for e in elem_strides]),
+                       0, TENSOR_MAP_SWIZZLE[int(swizzle)], TENSOR_MAP_L2_PROMOTION_256B, 0)
