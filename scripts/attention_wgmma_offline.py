@@ -35,9 +35,14 @@ def problem(q, kv, dtype="float16", causal=False):
 
 def compile_report(backend, p, schedule, nvdisasm=None):
     """(ptxas log, cubin bytes, SASS opcode counts or None) of one schedule's kernel."""
-    from jitops.runtime.cuda_backend import _nvrtc
     launch = OP.plan(p, schedule, backend.device).launches[0]
-    source = codegen.full_source(backend.device, launch.template, dict(launch.params))
+    return source_report(backend, codegen.full_source(backend.device, launch.template, dict(launch.params)), nvdisasm)
+
+
+def source_report(backend, source, nvdisasm=None):
+    """(ptxas log, cubin bytes, SASS opcode counts or None) of one rendered source, compiled with the
+    backend's options (NVRTC; the log is kept on success too, unlike the backend's compile)."""
+    from jitops.runtime.cuda_backend import _nvrtc
     nv = _nvrtc()
     _, prog = nv.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
     opts = [o.encode() for o in backend._source_options(source, "k")]

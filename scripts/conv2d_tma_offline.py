@@ -10,11 +10,7 @@ import argparse
 import sys
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/scripts")
-from attention_wgmma_offline import LINE, summary  # noqa: E402,F401
-
-import collections  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
+from attention_wgmma_offline import source_report, summary  # noqa: E402
 
 from jitops import codegen  # noqa: E402
 from jitops.ops import conv2d_wgmma as wg  # noqa: E402
@@ -26,30 +22,10 @@ OP = get_op("conv2d")
 
 
 def report(backend, p, s, nvdisasm=None):
-    from jitops.runtime.cuda_backend import _nvrtc
+    """(ptxas log, SASS opcode counts or None) of the TMA kernel of schedule s."""
     launch = [la for la in OP.plan(p, s, backend.device).launches if la.kernel == "conv2d_wgmma_tma"][0]
-    source = codegen.full_source(backend.device, launch.template, dict(launch.params))
-    nv = _nvrtc()
-    _, prog = nv.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
-    opts = [o.encode() for o in backend._source_options(source, "k")]
-    (res,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-    _, size = nv.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
-    nv.nvrtcGetProgramLog(prog, buf)
-    text = buf.rstrip(b"\0 ").decode(errors="replace")
-    if int(res) != 0:
-        raise RuntimeError(text)
-    counts = None
-    if nvdisasm:
-        _, size = nv.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
-        nv.nvrtcGetCUBIN(prog, cubin)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-        counts = collections.Counter(m.group(2).split(".")[0] for m in map(LINE.match, sass.splitlines()) if m)
-    nv.nvrtcDestroyProgram(prog)
+    text, _, counts = source_report(backend, codegen.full_source(backend.device, launch.template, dict(launch.params)),
+                                    nvdisasm)
     return text, counts
 
 
