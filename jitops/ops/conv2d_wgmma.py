@@ -356,16 +356,23 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
         rows = blocks * (bm + bn)
     operands = rows * per * bk * p.itemsize / l2
     compute = max(compute, operands)
+    return call_seconds(p, s, compute, p.cout * k_padded(p, bk) * p.itemsize, splits, prm.split_s, bandwidth, launch_s)
+
+
+def call_seconds(p: Conv2dProblem, s: Schedule, compute: float, w_bytes: float, splits: int, split_s: float,
+                 bandwidth: float, launch_s: float) -> float:
+    """One call of a wgmma kernel (either loop) from its main loop's seconds: the launch, the larger of
+    that and the DRAM bytes (input, output, residual, the packed weights' w_bytes), the NHWC copy of
+    an NCHW input and split-K's reduction (split_s fixed, its fp32 partials at the copy rate)."""
     isz = p.itemsize
     cs, _ = channels(p)
     x_bytes = p.n * p.h * p.w * cs * isz
     y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
-    w_bytes = p.cout * k_padded(p, bk) * isz
     t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
     if needs_nhwc_copy(p, s):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
-        t += prm.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
+        t += split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
     return t
 
 
@@ -590,14 +597,4 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
         compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
     compute *= TMA_MARGIN if margin is None else margin
-    isz = p.itemsize
-    cs, _ = channels(p)
-    x_bytes = p.n * p.h * p.w * cs * isz
-    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
-    w_bytes = p.cout * per * splits * bk * isz
-    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
-    if needs_nhwc_copy(p, s):
-        t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
-    if splits > 1:
-        t += COST.split_s + (splits * p.cout * p.pixels * 4 + y_bytes) / (0.688 * bandwidth)
-    return t
+    return call_seconds(p, s, compute, p.cout * per * splits * bk * p.itemsize, splits, COST.split_s, bandwidth, launch_s)
