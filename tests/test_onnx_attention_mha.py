@@ -23,7 +23,8 @@ from onnx import helper, numpy_helper  # noqa: E402
 
 import jitops.onnx as jo  # noqa: E402
 from jitops.onnx import kernels  # noqa: E402
-from jitops.onnx.testing import count_ops, jitops_types, max_rel_error, ort_session, tensor_info  # noqa: E402
+from jitops.onnx.testing import (check_rewrite_at_two_sizes, count_ops, jitops_types, max_rel_error,  # noqa: E402
+                                 ort_session, tensor_info)
 
 HEADS, D = 2, 8
 C = HEADS * D
@@ -158,22 +159,9 @@ def test_static_problem_keys_say_sbhd_and_match_what_the_ort_kernel_plans():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_rewritten_model_matches_ort_at_two_sizes(dtype, masked):
-    model = mha_attention(dtype, masked=masked)
-    want = "MaskedAttentionSbhd" if masked else "AttentionSbhd"
-    rw = jo.rewrite(model)
-    assert jitops_types(rw) == [want]
-    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
-    before = {kid: k.calls for kid, k in kernels._kernels.items()}
-    for batch, seq in ((1, 5), (3, 7)):
-        f = feeds(batch, seq, dtype, masked, seed=batch)
-        ref = ort_session(model).run(None, f)[0]
-        got = sess.run(None, f)[0]                     # jitops kernels (emulator)
-        fallback = ort_session(rw).run(None, f)[0]     # no jitops library: the function bodies
-        assert got.dtype == ref.dtype and got.shape == ref.shape == (seq, batch, C)
-        assert max_rel_error(got, ref) < TOL[dtype], (batch, max_rel_error(got, ref))
-        assert max_rel_error(fallback, ref) < TOL[dtype], (batch, max_rel_error(fallback, ref))
-    ran = {k.type.name for kid, k in kernels._kernels.items() if k.calls > before.get(kid, 0)}
-    assert ran == {want}
+    check_rewrite_at_two_sizes(mha_attention(dtype, masked=masked), "MaskedAttentionSbhd" if masked else "AttentionSbhd",
+                               lambda batch, seq: feeds(batch, seq, dtype, masked, seed=batch),
+                               lambda batch, seq: (seq, batch, C), TOL[dtype])
 
 
 def test_float16_against_a_float64_reference():

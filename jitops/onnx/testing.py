@@ -103,6 +103,29 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(got - ref).max(initial=0.0) / scale)
 
 
+def check_rewrite_at_two_sizes(model: Any, jitops_type: str, feeds: Any, out_shape: Any, tol: float) -> None:
+    """The rewrite of `model` holds one node of `jitops_type`; at (batch, seq) = (1, 5) and (3, 7) the
+    jitops kernels (CPU emulator) and the rewritten model's function bodies (no jitops library) both
+    match ONNX Runtime on the original, with ORT's dtype and the shape out_shape(batch, seq); and only
+    kernels of that type ran. feeds(batch, seq) -> the inputs."""
+    import jitops.onnx as jo
+    from jitops.onnx import kernels
+    rw = jo.rewrite(model)
+    assert jitops_types(rw) == [jitops_type]
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    before = {kid: k.calls for kid, k in kernels._kernels.items()}
+    for batch, seq in ((1, 5), (3, 7)):
+        f = feeds(batch, seq)
+        ref = ort_session(model).run(None, f)[0]
+        got = sess.run(None, f)[0]                     # jitops kernels (emulator)
+        fallback = ort_session(rw).run(None, f)[0]     # no jitops library: the function bodies
+        assert got.dtype == ref.dtype and got.shape == ref.shape == out_shape(batch, seq)
+        assert max_rel_error(got, ref) < tol, (batch, max_rel_error(got, ref))
+        assert max_rel_error(fallback, ref) < tol, (batch, max_rel_error(fallback, ref))
+    ran = {k.type.name for kid, k in kernels._kernels.items() if k.calls > before.get(kid, 0)}
+    assert ran == {jitops_type}
+
+
 def small_model(seed: int = 0, size: int = 8, channels: int = 8) -> Any:
     """Conv+BN+Relu, GroupNorm, LeakyRelu, LayerNorm and a MatMul/Softmax/MatMul self-attention (opset 21).
 
