@@ -395,10 +395,11 @@ def _export(corpus, name: str, dtype: str = "float32"):
         return onnx.load_from_string(corpus.export(name, 17, dtype=dtype))
 
 
-@pytest.mark.parametrize("name,want,gone", [("bert", "MaskedAttentionBshd", 4), ("gpt", "MaskedAttentionBshd", 4),
+@pytest.mark.parametrize("name,want,gone", [("bert", "MaskedAttentionBshd", 4), ("gpt", "AttentionBshd", 4),
                                             ("vit", "AttentionSbhd", 5)])
 def test_corpus_exports(corpus, name, want, gone):
-    """BERT and GPT split heads with view + permute / transpose: their four transposes go. The ViT's
+    """BERT and GPT split heads with view + permute / transpose: their four transposes go (GPT's tril
+    buffer + masked_fill is proved causal: AttentionBshd with is_causal, causal_masks). The ViT's
     nn.MultiheadAttention works on [B * H, S, D] values (other permutations): the *Sbhd type, which
     takes K^T's transpose, the three head splits' and the merge's (test_onnx_attention_mha.py)."""
     model = _export(corpus, name)
@@ -418,9 +419,11 @@ def test_corpus_exports(corpus, name, want, gone):
 def test_corpus_kernels_and_fallback_match_ort(corpus, name, dtype):
     model = _export(corpus, name, dtype)
     rw = jo.rewrite(model)
-    assert "MaskedAttentionBshd" in jitops_types(rw)
-    [node] = [n for n in rw.graph.node if n.op_type == "MaskedAttentionBshd"]
-    assert {a.name: a.i for a in node.attribute}.get("num_heads") == 2     # the 3-D tensors
+    want = {"bert": "MaskedAttentionBshd", "gpt": "AttentionBshd"}[name]    # GPT's causal mask: is_causal
+    assert want in jitops_types(rw)
+    [node] = [n for n in rw.graph.node if n.op_type == want]
+    attrs = {a.name: a.i for a in node.attribute}
+    assert attrs.get("num_heads") == 2 and attrs["is_causal"] == (name == "gpt")     # the 3-D tensors
     tol = 1e-2 if dtype == "float16" else 1e-4
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     for batch, seq in ((1, 4), (2, 7)):

@@ -14,13 +14,17 @@ read the [S, B*H, D] values as they are (num_heads = H).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator
 
 import numpy as np
 
+from .causal_masks import causal_mask
 from .graph import GraphView
 from .matchers import Candidate, Match, Namer, Rejection, _extra_outputs_used, _same_domain
 from .optypes import BSHD_PERM, SBHD_PERM
+
+log = logging.getLogger("jitops.onnx")
 
 
 def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
@@ -121,6 +125,7 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         return n is not None and _same_domain(n) and view.only_consumer(value) is not None
 
     extra_mask: list[Any] = []
+    causal = False
     mask_consts: dict[str, np.ndarray] = {}
     mask_values: dict[str, tuple] = {}
     if step(prod) and prod.op_type == "Where":
@@ -128,7 +133,8 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         found_where = _where_as_additive_mask(view, prod, namer)
         if found_where is None:
             return
-        mask, value, extra_mask, mask_consts, mask_values = found_where
+        mask, value, extra_mask, mask_consts, mask_values, (cond, fill, fill_first) = found_where
+        causal = causal_mask(view, cond, value, where=(fill, fill_first))
         covered.append(prod)
         prod = view.producer.get(value)
     elif step(prod) and prod.op_type == "Add":
@@ -136,11 +142,16 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
             src = view.producer.get(prod.input[i])
             if _leads_to_matmul(view, prod.input[i]):
                 mask, value = prod.input[1 - i], prod.input[i]
+                causal = causal_mask(view, mask, value)
                 covered.append(prod)
                 prod = src
                 break
         else:
             return
+    if causal:      # a causal triangle computed from shapes: is_causal instead of reading it (causal_masks)
+        log.info("attention at %s: the mask is causal (proved from shapes): is_causal=1, mask not read",
+                 node.name or node.output[0])
+        mask, extra_mask, mask_consts, mask_values = "", [], {}, {}
     if step(prod) and prod.op_type in ("Mul", "Div"):
         found = _scalar_operand(view, prod)
         if found is None:
@@ -169,7 +180,7 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         yield Rejection(covered, "MatMul/Softmax/MatMul", "a float16 attention pattern needs opset >= 15 "
                         "(its fallback body casts the scale with CastLike)")
         return
-    attrs = {"scale": float(scale * k_scale), "is_causal": 0}
+    attrs = {"scale": float(scale * k_scale), "is_causal": int(causal)}
     op_type = "MaskedAttention" if mask else "Attention"
     heads = _head_transposes(view, q, k, extra, pv, covered + k_nodes)
     if heads is not None:
@@ -356,7 +367,8 @@ def _mha_heads(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pat
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:
     """Where(cond, fill, scores) or Where(cond, scores, fill) with a constant scalar fill:
-    (mask name, scores value, inserted nodes, new constants, new value types), or None."""
+    (mask name, scores value, inserted nodes, new constants, new value types, (cond, fill, fill
+    first)), or None."""
     from onnx import helper
     cond, a, b = where.input
     for fill, scores, fill_first in ((a, b, True), (b, a, False)):
@@ -372,5 +384,6 @@ def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple 
         branches = [fill_c, zero] if fill_first else [zero, fill_c]
         node = helper.make_node("Where", [cond, *branches], [mask], name=namer(where.output[0], "mask_where"))
         shape = view.shape(cond)
-        return mask, scores, [node], consts, {mask: (shape, dtype)} if shape is not None else {}
+        return (mask, scores, [node], consts, {mask: (shape, dtype)} if shape is not None else {},
+                (cond, f, fill_first))
     return None

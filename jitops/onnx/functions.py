@@ -231,19 +231,48 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
         # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.
         return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
     # Otherwise (before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten): explicit scale,
-    # no causal.
+    # and is_causal (a mask the rewrite proved causal, causal_masks) as keys j > i hidden.
     nodes = [_node("Einsum", ["Q", "K"], ["qk"], equation="...qd,...kd->...qk"),
              _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
     if opset >= 15:
         nodes.append(_node("CastLike", ["scale32", "Q"], ["scale"]))
     else:   # opset 13-14: the rewrite only takes float32 patterns
         nodes.append(_node("Identity", ["scale32"], ["scale"]))
-    nodes.append(_node("Mul", ["qk", "scale"], ["scores"]))
+    nodes.append(_node("Mul", ["qk", "scale"], ["unmasked"]))
+    nodes += _causal_hiding("unmasked", "scores", opset)
     if masked:
         nodes.append(_node("Add", ["scores", "mask"], ["masked"]))
     nodes += [_node("Softmax", ["masked" if masked else "scores"], ["probs"], axis=-1),
               _node("MatMul", ["probs", "V"], ["Y"])]
     return nodes
+
+
+def _causal_hiding(x: str, y: str, opset: int) -> list[Any]:
+    """y = x with the keys above the top-left diagonal at -inf where is_causal, else x: a function
+    cannot branch on an attribute, so the hidden set is And(j > i, is_causal). Range and Greater
+    (opset 13, the lowest the rewrite takes; there it takes float32 alone, so no CastLike)."""
+    from onnx import TensorProto, helper
+
+    def scalar(name: str, value: float, elem: int = TensorProto.INT64) -> Any:
+        return _node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+    nodes = [scalar("row_axis", -2), scalar("col_axis", -1), scalar("zero_i", 0), scalar("one_i", 1),
+             _const("last_axis", [-1]), _node("Shape", [x], ["xshape"]),
+             _node("Gather", ["xshape", "row_axis"], ["sq"], axis=0),
+             _node("Gather", ["xshape", "col_axis"], ["sk"], axis=0),
+             _node("Range", ["zero_i", "sq", "one_i"], ["row_ids"]),
+             _node("Range", ["zero_i", "sk", "one_i"], ["cols"]),
+             _node("Unsqueeze", ["row_ids", "last_axis"], ["rows"]),
+             _node("Greater", ["cols", "rows"], ["above"]),
+             _node("Constant", [], ["causal_i"], (_ref("is_causal", "int", "value_int"),)),
+             _node("Cast", ["causal_i"], ["causal_b"], to=TensorProto.BOOL),
+             _node("And", ["above", "causal_b"], ["hidden"]),
+             scalar("neg_inf32", float("-inf"), TensorProto.FLOAT)]
+    if opset >= 15:
+        nodes.append(_node("CastLike", ["neg_inf32", x], ["neg_inf"]))
+    else:
+        nodes.append(_node("Identity", ["neg_inf32"], ["neg_inf"]))
+    return nodes + [_node("Where", ["hidden", "neg_inf", x], [y])]
 
 
 # The function's formal input names, by jitops input name (ONNX's own spellings where it has one).

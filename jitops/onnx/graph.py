@@ -213,6 +213,24 @@ class GraphView:
     def attrs(self, node: Any) -> dict[str, Any]:
         return {a.name: self._onnx.helper.get_attribute_value(a) for a in node.attribute}
 
+    def at_size(self, size: int, spread: int = 0) -> "GraphView":
+        """This graph with its symbolic input dims set, shapes inferred again: the k-th distinct symbol
+        (by name; an unnamed dim counts as its own) at size + k * spread. Remembered: the causal-mask
+        probes ask once per size, whatever the number of attention layers."""
+        views = self.__dict__.setdefault("_sized", {})
+        if (size, spread) not in views:
+            inputs = [i.name for i in self.graph.input if i.name not in self.initializers and self.shape(i.name)]
+            symbols = sorted({p for n in inputs for p in self._dim_params.get(n, ()) if p})
+            unnamed = iter(range(len(symbols), 1 << 20))
+            shapes = {}
+            for n in inputs:
+                params = self._dim_params.get(n) or (None,) * len(self.shape(n))
+                shapes[n] = [int(d) if d is not None else
+                             size + spread * (symbols.index(p) if p else next(unnamed))
+                             for d, p in zip(self.shape(n), params)]
+            views[(size, spread)] = GraphView(self.model, shapes)
+        return views[(size, spread)]
+
 
 # Ops whose output has the input's shape and type, for the cases onnx's inference leaves open
 # (function ops such as GroupNormalization in some onnx versions).

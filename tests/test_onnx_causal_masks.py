@@ -1,0 +1,137 @@
+"""Causal masks computed from shapes become is_causal (jitops/onnx/causal_masks.py); every other mask stays."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jitops.onnx as jo
+from jitops.onnx.testing import check_rewrite_at_two_sizes, jitops_types
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+
+def _const(name, values, elem=TensorProto.INT64, dims=None):
+    values = list(np.atleast_1d(values))
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+        name, elem, [len(values)] if dims is None else dims, values))
+
+
+def _triangle(kind: str) -> list:
+    """Nodes making 'tri' from the shapes of q [b, 2, tq, 8] and k [b, 2, tk, 8]: ones [tq, tk]
+    through Trilu (kind picks which triangle, or a band of two)."""
+    nodes = [helper.make_node("Shape", ["q"], ["qs"]), helper.make_node("Shape", ["k"], ["ks"]),
+             _const("at2", [2]), _const("at3", [3]),
+             helper.make_node("Slice", ["qs", "at2", "at3"], ["tq"]),
+             helper.make_node("Slice", ["ks", "at2", "at3"], ["tk"]),
+             helper.make_node("Concat", ["tq", "tk"], ["qk_shape"], axis=0),
+             _const("one", [1.0], TensorProto.FLOAT, []), helper.make_node("Expand", ["one", "qk_shape"], ["ones"])]
+    if kind == "bottom_right":     # key j visible to query i when j <= i + tk - tq (a KV cache's mask)
+        nodes += [helper.make_node("Sub", ["tk", "tq"], ["diag1"]), _const("scalar", [], dims=[0]),
+                  helper.make_node("Reshape", ["diag1", "scalar"], ["diag"]),
+                  helper.make_node("Trilu", ["ones", "diag"], ["tri"], upper=0)]
+    elif kind == "anti":           # hides the keys below the diagonal instead
+        nodes.append(helper.make_node("Trilu", ["ones"], ["tri"], upper=1))
+    elif kind in ("band", "wide_band"):   # a sliding window of 3 (or 4096, wider than any probe): two triangles
+        window = -2 if kind == "band" else -4095
+        nodes += [helper.make_node("Trilu", ["ones"], ["lower"], upper=0), _const("window", [window], dims=[]),
+                  helper.make_node("Trilu", ["lower", "window"], ["tri"], upper=1)]
+    else:
+        nodes.append(helper.make_node("Trilu", ["ones"], ["tri"], upper=0))
+    return nodes
+
+
+def _model(kind: str, fill: float = float("-inf"), masked_fill: bool = False):
+    """softmax(q k^T + mask) v over q [b, 2, tq, 8], k / v [b, 2, tk, 8] (opset 17), the mask a
+    Where(tri == 0, fill, 0) added to the scores, or (masked_fill) Where(tri == 0, fill, scores);
+    kind 'data' reads the mask from an input instead."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"])]
+    tk = "tk" if kind == "bottom_right" else "tq"
+    ins = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", 2, "tq", 8])]
+    ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 2, tk, 8]) for n in "kv"]
+    if kind == "data":
+        ins.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, ["tq", tk]))
+        nodes.append(helper.make_node("Add", ["s", "m"], ["sm"]))
+    else:
+        nodes += _triangle(kind) + [_const("zero", [0.0], TensorProto.FLOAT, []),
+                                    _const("fill", [fill], TensorProto.FLOAT, []),
+                                    helper.make_node("Equal", ["tri", "zero"], ["hidden"])]
+        if masked_fill:
+            nodes.append(helper.make_node("Where", ["hidden", "fill", "s"], ["sm"]))
+        else:
+            nodes += [helper.make_node("Where", ["hidden", "fill", "zero"], ["mask"]),
+                      helper.make_node("Add", ["s", "mask"], ["sm"])]
+    nodes += [helper.make_node("Softmax", ["sm"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "attention", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _is_causal(model) -> list[tuple[str, int]]:
+    rw = jo.rewrite(model)
+    return [(n.op_type, {a.name: a.i for a in n.attribute}.get("is_causal")) for n in rw.graph.node
+            if n.domain == "jitops"]
+
+
+def _feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch * 10 + seq)
+    return {n: rng.standard_normal((batch, 2, seq, 8)).astype(np.float32) for n in "qkv"}
+
+
+@pytest.mark.parametrize("masked_fill", [False, True])
+def test_causal_triangle_becomes_is_causal(masked_fill):
+    """The triangle from Trilu over the shapes is proved causal: the node reads no mask, and the jitops
+    kernels (CPU emulator) and the fallback body (is_causal in standard ops) both match ORT on the
+    original model at two sizes."""
+    model = _model("causal", masked_fill=masked_fill)
+    assert _is_causal(model) == [("Attention", 1)]
+    check_rewrite_at_two_sizes(model, "Attention", _feeds, lambda b, s: (b, 2, s, 8), 1e-4)
+
+
+@pytest.mark.parametrize("kind,fill", [("band", float("-inf")), ("wide_band", float("-inf")),
+                                       ("anti", float("-inf")), ("causal", -1.0),
+                                       ("data", 0.0), ("bottom_right", float("-inf"))])
+def test_other_masks_stay_masks(kind, fill):
+    """A sliding window (two triangles), the other triangle, a fill too shallow to hide a key, a mask
+    read from an input, and a bottom-right (KV cache) triangle: not top-left causal at every size, so
+    the node keeps reading the mask. The 4096-key window looks causal at the probes' sizes: only the
+    rule of one triangle keeps it. The bottom-right one passes the probe with every dim equal and
+    fails the one with distinct query and key lengths."""
+    assert _is_causal(_model(kind, fill)) == [("MaskedAttention", 0)]
+
+
+def test_torch_sdpa_causal_export():
+    """torch's SDPA(is_causal=True) as the TorchScript exporter writes it (Shape -> Expand -> Trilu ->
+    Equal -> Where -> Add), with Llama's grouped-query repeat_kv (Expand + Reshape) before it."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    class GQA(torch.nn.Module):
+        def __init__(self, e: int = 32, h: int = 4, hk: int = 2):
+            super().__init__()
+            self.h, self.hk, self.d = h, hk, e // h
+            self.q, self.kv, self.o = (torch.nn.Linear(e, h * self.d), torch.nn.Linear(e, 2 * hk * self.d),
+                                       torch.nn.Linear(h * self.d, e))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q = self.q(x).view(b, t, self.h, self.d).transpose(1, 2)
+            k, v = (z.view(b, t, self.hk, self.d).transpose(1, 2) for z in self.kv(x).chunk(2, -1))
+            n = self.h // self.hk
+            k, v = (z[:, :, None].expand(b, self.hk, n, t, self.d).reshape(b, self.h, t, self.d) for z in (k, v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(y.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.onnx.export(GQA().eval(), (torch.randn(2, 6, 32),), buf, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "b", 1: "t"}}, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    assert _is_causal(model) == [("Attention", 1)]
+    rw = jo.rewrite(model)
+    assert "Trilu" not in {n.op_type for n in rw.graph.node}       # the mask's nodes went with it
+    assert jitops_types(rw) == ["Attention"]
+
+    def feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+        return {"x": np.random.default_rng(batch + seq).standard_normal((batch, seq, 32)).astype(np.float32)}
+    check_rewrite_at_two_sizes(model, "Attention", feeds, lambda b, s: (b, s, 32), 1e-4)
