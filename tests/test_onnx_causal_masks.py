@@ -102,7 +102,8 @@ def test_other_masks_stay_masks(kind, fill):
 
 def test_torch_sdpa_causal_export():
     """torch's SDPA(is_causal=True) as the TorchScript exporter writes it (Shape -> Expand -> Trilu ->
-    Equal -> Where -> Add), with Llama's grouped-query repeat_kv (Expand + Reshape) before it."""
+    Equal -> Where -> Add), with Llama's grouped-query repeat_kv (Expand + Reshape) before it. The
+    jitops kernels (emulator) and the fallback body (which repeats the kv heads itself) match ORT."""
     torch = pytest.importorskip("torch")
     import io
 
@@ -127,11 +128,49 @@ def test_torch_sdpa_causal_export():
     torch.onnx.export(GQA().eval(), (torch.randn(2, 6, 32),), buf, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "b", 1: "t"}}, opset_version=17, dynamo=False)
     model = onnx.load_from_string(buf.getvalue())
-    assert _is_causal(model) == [("Attention", 1)]
+    # the head transposes go in too (the scale's Shape(q) dies with the pattern), and repeat_kv's
+    # Unsqueeze -> Expand -> Reshape: the node reads the 2 kv heads (grouped-query)
+    assert _is_causal(model) == [("AttentionBshd", 1)]
     rw = jo.rewrite(model)
-    assert "Trilu" not in {n.op_type for n in rw.graph.node}       # the mask's nodes went with it
-    assert jitops_types(rw) == ["Attention"]
+    ops = {n.op_type for n in rw.graph.node}
+    assert not ops & {"Trilu", "Expand", "Transpose"}, ops      # the mask's, repeat_kv's and the heads' nodes went
+    assert jitops_types(rw) == ["AttentionBshd"]
 
     def feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
         return {"x": np.random.default_rng(batch + seq).standard_normal((batch, seq, 32)).astype(np.float32)}
-    check_rewrite_at_two_sizes(model, "Attention", feeds, lambda b, s: (b, s, 32), 1e-4)
+    check_rewrite_at_two_sizes(model, "AttentionBshd", feeds, lambda b, s: (b, s, 32), 1e-4)
+
+
+@pytest.mark.parametrize("batch_from_expand", [False, True])
+def test_repeat_kv_taken_only_where_it_repeats_heads(batch_from_expand):
+    """K, V = Reshape(Expand(Unsqueeze(X, 2), [B, 2, 2, S, 8]), [B, 4, S, 8]) of X [B, 2, S, 8]: the
+    node reads X (grouped-query, 2 query heads per kv head) and the result matches ORT. When the
+    Expand also broadcasts X's batch of 1 up to Q's batch, that is not repeat_kv: the copy stays."""
+    xb = 1 if batch_from_expand else "b"
+    nodes, ins = [], [helper.make_tensor_value_info("q", TensorProto.FLOAT, [2 if batch_from_expand else "b", 4, "t", 8])]
+    for n in "kv":
+        ins.append(helper.make_tensor_value_info(n + "x", TensorProto.FLOAT, [xb, 2, "t", 8]))
+        nodes += [helper.make_node("Unsqueeze", [n + "x", "axis2"], [n + "5"]),
+                  helper.make_node("Shape", ["q"], [n + "qs"]), _const(n + "a", [0]), _const(n + "b", [1]),
+                  _const(n + "c", [2]), _const(n + "d", [3]),
+                  helper.make_node("Slice", [n + "qs", n + "a", n + "b"], [n + "B"]),
+                  helper.make_node("Slice", [n + "qs", n + "c", n + "d"], [n + "S"]),
+                  _const(n + "mid", [2, 2]), _const(n + "dim", [8]), _const(n + "heads", [4]),
+                  helper.make_node("Concat", [n + "B", n + "mid", n + "S", n + "dim"], [n + "target"], axis=0),
+                  helper.make_node("Expand", [n + "5", n + "target"], [n + "e"]),
+                  helper.make_node("Concat", [n + "B", n + "heads", n + "S", n + "dim"], [n + "shape4"], axis=0),
+                  helper.make_node("Reshape", [n + "e", n + "shape4"], [n])]
+    nodes = [_const("axis2", [2])] + nodes + [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "gqa", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rw = jo.rewrite(model)
+    assert jitops_types(rw) == ["Attention"]
+    assert ("Expand" in {n.op_type for n in rw.graph.node}) == batch_from_expand
+    if not batch_from_expand:
+        def feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+            rng = np.random.default_rng(batch + seq)
+            return {"q": rng.standard_normal((batch, 4, seq, 8)).astype(np.float32),
+                    **{n: rng.standard_normal((batch, 2, seq, 8)).astype(np.float32) for n in ("kx", "vx")}}
+        check_rewrite_at_two_sizes(model, "Attention", feeds, lambda b, s: (b, 4, s, 8), 1e-4)

@@ -182,7 +182,15 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         return
     attrs = {"scale": float(scale * k_scale), "is_causal": int(causal)}
     op_type = "MaskedAttention" if mask else "Attention"
-    heads = _head_transposes(view, q, k, extra, pv, covered + k_nodes)
+    v = pv.input[1]
+    if not extra:       # Llama's repeat_kv before K and V: the node reads the kv heads (grouped-query)
+        gone = {id(n) for n in covered + k_nodes}
+        rk = _repeated_heads(view, k, gone)
+        rv = _repeated_heads(view, v, gone) if rk else None
+        if rk and rv:
+            (k, k_repeat), (v, v_repeat) = rk, rv
+            k_nodes = k_nodes + k_repeat + v_repeat
+    heads = _head_transposes(view, q, k, v, extra, pv, covered + k_nodes)
     if heads is not None:
         sources, transposes, out = heads
         pattern = covered + k_nodes + transposes
@@ -192,15 +200,55 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
             pattern, attrs = pattern + reshapes, {**attrs, "num_heads": h}
         yield Candidate(op_type + "Bshd", pattern, sources + ([mask] if mask else []),
                         attrs, out, constants=mask_consts, extra_nodes=extra_mask, values=mask_values)
-    mha = None if heads is not None else _mha_heads(view, q, k, extra, pv, covered + k_nodes, namer)
+    mha = None if heads is not None else _mha_heads(view, q, k, v, extra, pv, covered + k_nodes, namer)
     if mha is not None:
         sources, taken, out, h = mha
         yield Candidate(op_type + "Sbhd", covered + k_nodes + taken, sources + ([mask] if mask else []),
                         {**attrs, "num_heads": h}, out, constants=mask_consts, extra_nodes=extra_mask,
                         values=mask_values)
-    inputs = [q, k, pv.input[1]] + ([mask] if mask else [])
+    inputs = [q, k, v] + ([mask] if mask else [])
     yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=mask_consts,
                     extra_nodes=extra_mask + extra, values={**values, **mask_values})
+
+
+def _repeated_heads(view: GraphView, value: str, readers: set[int]) -> tuple[str, list[Any]] | None:
+    """Llama's repeat_kv as exporters write it: `value` [B, H, S, D] = Reshape(Expand(Unsqueeze(X, 2),
+    [B, Hk, n, S, D])) of X [B, Hk, S, D], read by one node of the pattern (node ids `readers`; other
+    readers only Shapes that die with it, as the causal mask's did): the node
+    can read X itself (grouped-query attention, query head h reads kv head h // n, as repeat_kv laid
+    them out), and the copy no longer runs: (X, [Unsqueeze, Expand, Reshape]). Hk, H and D must be
+    known and the Expand must keep X's batch and sequence dims: checked on the shapes inferred with
+    the symbolic input dims at the causal-mask probes' sizes (a batch broadcast would show there)."""
+    reshape = view.producer.get(value)
+    users, memo = view.consumers.get(value, []), {}
+    if reshape is None or reshape.op_type != "Reshape" or not _same_domain(reshape) or value in view.outputs \
+            or sum(id(u) in readers for u in users) != 1 \
+            or not all(id(u) in readers or u.op_type == "Shape" and _dead_with(view, u, readers, memo) for u in users):
+        return None
+    expand = view.producer.get(reshape.input[0])
+    if expand is None or expand.op_type != "Expand" or not _same_domain(expand) \
+            or view.only_consumer(expand.output[0]) is not reshape:
+        return None
+    unsqueeze = view.producer.get(expand.input[0])
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or not _same_domain(unsqueeze) \
+            or view.only_consumer(unsqueeze.output[0]) is not expand:
+        return None
+    axes = view.constant(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else view.attrs(unsqueeze).get("axes")
+    x = unsqueeze.input[0]
+    xs, ys = view.shape(x), view.shape(value)
+    if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([2], [-3]) or xs is None \
+            or ys is None or len(xs) != 4 or len(ys) != 4:
+        return None
+    hk, d, h = xs[1], xs[3], ys[1]
+    if hk is None or d is None or h is None or ys[3] != d or h <= hk or h % hk:
+        return None
+    from .causal_masks import probe_views
+    for probe in probe_views(view):
+        px, pe, py = probe.static_shape(x), probe.shape(expand.output[0]), probe.static_shape(value)
+        if px is None or py is None or pe is None or len(pe) != 5 \
+                or (pe[0], pe[1], pe[3], pe[4]) != (px[0], hk, px[2], d) or py != (px[0], h, px[2], d):
+            return None
+    return x, [unsqueeze, expand, reshape]
 
 
 def _perm(view: GraphView, transpose: Any) -> list[int] | None:
@@ -214,17 +262,19 @@ def _perm(view: GraphView, transpose: Any) -> list[int] | None:
 
 def _from_bshd(view: GraphView, value: str, pattern: set[int]) -> Any | None:
     """The Transpose(perm=[0, 2, 1, 3]) of a 4-D value that makes `value` [B, H, S, D] out of
-    [B, S, H, D], when a node of the pattern (ids in `pattern`) is its only reader; else None."""
+    [B, S, H, D], when one node of the pattern (ids in `pattern`) reads it and any other reader is a
+    Shape that dies with the pattern (torch's SDPA computes its scale from Shape(q)); else None."""
     prod = view.producer.get(value)
-    user = view.only_consumer(value)
-    if prod is None or prod.op_type != "Transpose" or not _same_domain(prod) or user is None \
-            or id(user) not in pattern:
+    users, memo = view.consumers.get(value, []), {}
+    if prod is None or prod.op_type != "Transpose" or not _same_domain(prod) or value in view.outputs \
+            or sum(id(u) in pattern for u in users) != 1 \
+            or not all(id(u) in pattern or u.op_type == "Shape" and _dead_with(view, u, pattern, memo) for u in users):
         return None
     shape = view.shape(prod.input[0])
     return prod if shape is not None and len(shape) == 4 and _perm(view, prod) == list(BSHD_PERM) else None
 
 
-def _head_transposes(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pattern: list[Any]
+def _head_transposes(view: GraphView, q: str, k: str, v: str, k_extra: list[Any], pv: Any, pattern: list[Any]
                      ) -> tuple[list[str], list[Any], str] | None:
     """When Q, K and V come from [B, S, H, D] values through head transposes read by the pattern
     alone, and the output goes back to [B, S, H, D] through one, the node can read and write those
@@ -235,7 +285,7 @@ def _head_transposes(view: GraphView, q: str, k: str, k_extra: list[Any], pv: An
     Transpose(X, perm=[0, 2, 3, 1]) of a 4-D X. None when any piece is missing: all or nothing.
     """
     ids = {id(n) for n in pattern}
-    q_t, v_t = _from_bshd(view, q, ids), _from_bshd(view, pv.input[1], ids)
+    q_t, v_t = _from_bshd(view, q, ids), _from_bshd(view, v, ids)
     if k_extra:
         x = k_extra[0].input[0]
         if len(k_extra) != 1 or len(view.shape(x) or ()) != 4 or _perm(view, k_extra[0]) != list(BSHD_PERM):
@@ -341,7 +391,7 @@ def _dead_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool]
     return memo[id(node)]
 
 
-def _mha_heads(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pattern: list[Any], namer: Namer
+def _mha_heads(view: GraphView, q: str, k: str, v: str, k_extra: list[Any], pv: Any, pattern: list[Any], namer: Namer
                ) -> tuple[list[str], list[Any], str, int] | None:
     """When Q, K and V are nn.MultiheadAttention's head splits of [S, B*H, D] values (_from_sbhd)
     and the output's only reader is Transpose(perm=[2, 0, 1, 3]) to [S, B, H, D], the node reads
@@ -351,7 +401,7 @@ def _mha_heads(view: GraphView, q: str, k: str, k_extra: list[Any], pv: Any, pat
     be one of the splits as it is: _key_input took K^T's transpose), the head counts differ or a
     Shape of a replaced value would outlive the rewrite."""
     ids = {id(n) for n in pattern}
-    found = [_from_sbhd(view, v, ids) for v in (q, k, pv.input[1])]
+    found = [_from_sbhd(view, x, ids) for x in (q, k, v)]
     out_t = view.only_consumer(pv.output[0])
     if k_extra or None in found or out_t is None or out_t.op_type != "Transpose" or not _same_domain(out_t) \
             or len(view.shape(pv.output[0]) or ()) != 4 or _perm(view, out_t) != list(SBHD_PERM):

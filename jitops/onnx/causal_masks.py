@@ -119,13 +119,19 @@ def _sizes(view: GraphView) -> tuple[tuple[int, int], ...]:
     return PROBES if symbolic else ((0, 0),)
 
 
+def probe_views(view: GraphView) -> list[GraphView]:
+    """The graph at each probe's sizes (the view itself when its inputs are static): other proofs
+    from shapes (attention_patterns._repeated_heads) check their dims there too."""
+    return [view if size == (0, 0) else view.at_size(*size) for size in _sizes(view)]
+
+
 def _probe(view: GraphView, nodes: list[Any], mask: str, scores: str, size: tuple[int, int],
            where: tuple[float, bool] | None) -> bool:
     """The mask evaluated with the symbolic input dims at `size` ((size, spread), GraphView.at_size;
     (0, 0): the static shapes) against the top-left causal mask of the scores' [Sq, Sk]."""
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
-    probe = view if size == (0, 0) else view.at_size(*size)
+    probe = view if size == (0, 0) else view.at_size(*size)      # as probe_views
     sq_sk = probe.static_shape(scores)
     if sq_sk is None or len(sq_sk) < 2:
         return False

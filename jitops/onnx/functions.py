@@ -232,7 +232,8 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
         return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
     # Otherwise (before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten): explicit scale,
     # and is_causal (a mask the rewrite proved causal, causal_masks) as keys j > i hidden.
-    nodes = [_node("Einsum", ["Q", "K"], ["qk"], equation="...qd,...kd->...qk"),
+    # Grouped-query K and V (fewer heads than Q: the rewrite took repeat_kv in) are repeated first.
+    nodes = _repeat_kv_heads() + [_node("Einsum", ["Q", "Kq"], ["qk"], equation="...qd,...kd->...qk"),
              _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
     if opset >= 15:
         nodes.append(_node("CastLike", ["scale32", "Q"], ["scale"]))
@@ -243,7 +244,28 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     if masked:
         nodes.append(_node("Add", ["scores", "mask"], ["masked"]))
     nodes += [_node("Softmax", ["masked" if masked else "scores"], ["probs"], axis=-1),
-              _node("MatMul", ["probs", "V"], ["Y"])]
+              _node("MatMul", ["probs", "Vq"], ["Y"])]
+    return nodes
+
+
+def _repeat_kv_heads() -> list[Any]:
+    """Kq, Vq = K, V with each head repeated n = Q heads / K heads times in a row (kv head h // n
+    for query head h; n = 1 without grouped-query attention, and for 3-D [B*H, S, D] inputs):
+    Reshape(Expand(Unsqueeze(X, -3), [n, 1, 1]), X's dims before the heads + [-1, S, D])."""
+    nodes = [_const("heads_axis", [-3]), _const("ones2", [1, 1]), _const("lead_end", [-3]), _const("tail_start", [-2]),
+             _const("zero1", [0]), _const("big", [1 << 62]), _const("minus1_1", [-1]),
+             _node("Shape", ["Q"], ["q_dims"]), _node("Shape", ["K"], ["k_dims"]),
+             _node("Gather", ["q_dims", "heads_axis"], ["q_heads"], axis=0),
+             _node("Gather", ["k_dims", "heads_axis"], ["k_heads"], axis=0),
+             _node("Div", ["q_heads", "k_heads"], ["repeats"]),
+             _node("Concat", ["repeats", "ones2"], ["expand_shape"], axis=0),
+             _node("Slice", ["k_dims", "zero1", "lead_end"], ["k_lead"]),
+             _node("Slice", ["k_dims", "tail_start", "big"], ["k_tail"]),
+             _node("Concat", ["k_lead", "minus1_1", "k_tail"], ["repeated_shape"], axis=0)]
+    for x in ("K", "V"):
+        nodes += [_node("Unsqueeze", [x, "heads_axis"], [x + "5"]),
+                  _node("Expand", [x + "5", "expand_shape"], [x + "x"]),
+                  _node("Reshape", [x + "x", "repeated_shape"], [x + "q"])]
     return nodes
 
 
