@@ -3,7 +3,8 @@
     python3 scripts/onnx_models.py [--opset 17 --opset 14] [--dynamo] [--json out.json] [--models resnet50,...]
 
 Exports torchvision ResNet-50, MobileNet-V3 (large), ConvNeXt-T and ViT-B/16 (random weights; needs
-torchvision) and a BERT-base-style encoder (jitops/onnx/corpus.py at width 768, 12 heads, 12 layers)
+torchvision), a BERT-base-style encoder (jitops/onnx/corpus.py at width 768, 12 heads, 12 layers) and
+two decoders (DECODERS: GPT-2-small-sized blocks with a tril buffer, Llama-style layers with GQA)
 with `torch.onnx.export(..., dynamo=False, dynamic_axes=...)`, then for each model: map_nodes and
 rewrite with no input_shapes (timed), every Conv / BatchNormalization / GroupNormalization /
 LayerNormalization / RMSNormalization / LeakyRelu / Softmax of the exported graph accounted for (taken
@@ -24,6 +25,21 @@ import numpy as np
 WATCHED = {"Conv", "BatchNormalization", "GroupNormalization", "LayerNormalization", "RMSNormalization",
            "LeakyRelu", "Softmax", "Attention", "InstanceNormalization"}
 TORCHVISION = ("resnet50", "mobilenet_v3_large", "convnext_tiny", "vit_b_16")
+# Decoders from jitops/onnx/corpus.py at real widths: (builder, width, exported sequence length)
+DECODERS = {
+    # GPT-2-small-sized: 12 heads of 64, the tril buffer (1024 positions) + masked_fill, 4 blocks
+    "gpt2_small": (lambda c: _stack(c.gpt_like(768, 12, 1024), 4), 768, 16),
+    # Llama-style at 1024 wide: 16 heads of 64, 4 kv heads (repeat_kv), rotary, SDPA(is_causal), 4 layers
+    "llama_1b_like": (lambda c: c.llama_like(1024, 16, 4, 2048, layers=4), 1024, 16),
+}
+
+
+def _stack(block, n: int):
+    """n copies of one block, one after another (random weights: the export's patterns are what count)."""
+    import copy
+
+    import torch
+    return torch.nn.Sequential(*(copy.deepcopy(block) for _ in range(n)))
 
 
 def export(name: str, opset: int, dynamo: bool = False, dtype: str = "float32",
@@ -34,7 +50,14 @@ def export(name: str, opset: int, dynamo: bool = False, dtype: str = "float32",
     import torch
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    if name == "bert_base":
+    if name in DECODERS:
+        from jitops.onnx import corpus
+        build, width, seq = DECODERS[name]
+        model, names = build(corpus).eval(), ["x"]
+        example = (torch.randn(2, seq, width),)
+        axes = {"x": {0: "batch", 1: "seq"}, "y": {0: "batch"}}
+        feeds = {"x": rng.standard_normal((2, seq, width)).astype(np.float32)}
+    elif name == "bert_base":
         from jitops.onnx import corpus
         width, heads, layers, seq = 768, 12, 12, 16
 
@@ -136,8 +159,11 @@ def run_one(name: str, opset: int, dynamo: bool = False) -> dict:
         if p.supported:
             types[p.op_type] = types.get(p.op_type, 0) + 1
     acc = account(model, groups)
+    causal = sum(n.domain == jo.DOMAIN and any(a.name == "is_causal" and a.i for a in n.attribute)
+                 for n in rewritten.graph.node)
     return {"model": name, "exporter": "dynamo" if dynamo else "torchscript", "opset": opset, "export_s": round(t1 - t0, 2), "map_s": round(t2 - t1, 3),
             "rewrite_s": round(t3 - t2, 3), "groups_taken": sum(types.values()), "jitops_types": types,
+            "causal_nodes": causal, "expand_nodes_left": sum(n.op_type == "Expand" for n in rewritten.graph.node),
             "onnx_nodes_taken": acc["taken"], "left_with_reason": {r: len(v) for r, v in acc["reasons"].items()},
             "missed": acc["missed"], "fallback_rel_error_batch2": max_rel_error(got, ref)}
 
@@ -145,7 +171,7 @@ def run_one(name: str, opset: int, dynamo: bool = False) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--opset", type=int, action="append")
-    ap.add_argument("--models", default=",".join((*TORCHVISION, "bert_base")))
+    ap.add_argument("--models", default=",".join((*TORCHVISION, "bert_base", *DECODERS)))
     ap.add_argument("--json")
     ap.add_argument("--dynamo", action="store_true", help="torch.export's exporter instead (needs onnxscript)")
     args = ap.parse_args()

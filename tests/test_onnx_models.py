@@ -37,6 +37,9 @@ EXPECTED = {
     "bert": {"MaskedAttentionBshd": 1, "SkipBiasLayerNorm": 2},
     # GPT's tril buffer + masked_fill is proved causal (causal_masks): is_causal, no mask read
     "gpt": {"RmsNorm": 1, "AttentionBshd": 1},
+    # Llama: SDPA's causal Trilu mask proved causal, repeat_kv taken in (the node reads the 2 kv heads);
+    # rotary embeddings between the head transposes and the node keep the plain type
+    "llama": {"RmsNorm": 2, "Attention": 1},
     "groupnorm": {"Conv2d": 2, "GroupNorm": 1, "LeakyRelu": 1},
 }
 
@@ -104,7 +107,7 @@ def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(cor
     assert sum(n.domain == jo.DOMAIN for n in rewritten.graph.node) == sum(EXPECTED[name].values())
     assert not _unfused_affine(rewritten), "a norm's constant scale / shift was left outside its jitops node"
     for batch, seq in ((1, None), (3, 5)):
-        feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt") else None)
+        feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt", "llama") else None)
         ref = ort_session(model).run(None, feeds)[0]
         got = ort_session(rewritten).run(None, feeds)[0]      # no jitops library: the fallback bodies
         assert got.shape == ref.shape and max_rel_error(got, ref) < 1e-5
@@ -112,13 +115,13 @@ def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(cor
 
 # Every jitops type the corpus takes, on the emulator (MobileNet and ConvNeXt add only conv shapes: their
 # rewrite is checked above, their kernels would add emulator compiles to CI).
-@pytest.mark.parametrize("name", ["bert", "gpt", "groupnorm", "vit"])
+@pytest.mark.parametrize("name", ["bert", "gpt", "groupnorm", "llama", "vit"])
 def test_jitops_kernels_run_the_symbolic_model_at_two_batch_sizes(corpus, name):
     model = _export(corpus, name, 17)
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     before = {kid: k.calls for kid, k in kernels._kernels.items()}
     for batch, seq in ((1, 4), (3, 7)):
-        feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt") else None)
+        feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt", "llama") else None)
         ref = ort_session(model).run(None, feeds)[0]
         got = sess.run(None, feeds)[0]
         assert got.shape == ref.shape and max_rel_error(got, ref) < 2e-5, (name, batch)

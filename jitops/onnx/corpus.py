@@ -4,7 +4,8 @@ Each `torch.nn.Module` here reproduces the graph patterns of a model family at a
 ResNet (Conv+BN+Relu, residual), MobileNet-V3 (depthwise, Hardswish, squeeze-excitation),
 ConvNeXt (depthwise 7x7, channels-last LayerNorm, MLP), ViT (patch conv, nn.MultiheadAttention as
 torchvision uses it), BERT (hand-written attention with an additive padding mask), GPT/Llama (a
-causal mask through masked_fill, RMSNorm written out), and GroupNorm + LeakyRelu. `export` writes
+causal mask through masked_fill, RMSNorm written out; Llama with rotary embeddings, grouped-query
+repeat_kv and SDPA's causal mask), and GroupNorm + LeakyRelu. `export` writes
 them with a symbolic batch (and sequence) dimension, as `torch.onnx.export(..., dynamic_axes=...)`
 does for nearly every exported model. Used by tests/test_onnx_models.py and
 scripts/onnx_models.py; needs torch.
@@ -129,16 +130,12 @@ def bert_like(width: int = 16, heads: int = 2) -> Any:
     return Bert()
 
 
-class _RMSNorm:
+def _rms_norm(c: int, eps: float = 1e-6) -> Any:
     """Llama's RMSNorm, as HF writes it (float32 statistics, rsqrt, weight after)."""
-
-
-def gpt_like(width: int = 16, heads: int = 2, max_len: int = 32) -> Any:
-    """A GPT-style causal block: tril buffer + masked_fill(-inf), Llama's RMSNorm written out."""
     torch, nn, F = _nn()
 
     class RMSNorm(nn.Module):
-        def __init__(self, c: int, eps: float = 1e-6):
+        def __init__(self):
             super().__init__()
             self.weight, self.eps = nn.Parameter(torch.rand(c) + 0.5), eps
 
@@ -146,10 +143,17 @@ def gpt_like(width: int = 16, heads: int = 2, max_len: int = 32) -> Any:
             var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
             return self.weight * (x * torch.rsqrt(var + self.eps)).to(x.dtype)
 
+    return RMSNorm()
+
+
+def gpt_like(width: int = 16, heads: int = 2, max_len: int = 32) -> Any:
+    """A GPT-style causal block: tril buffer + masked_fill(-inf), Llama's RMSNorm written out."""
+    torch, nn, F = _nn()
+
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.norm, self.qkv, self.o = RMSNorm(width), nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.norm, self.qkv, self.o = _rms_norm(width), nn.Linear(width, 3 * width), nn.Linear(width, width)
             self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len))
 
         def forward(self, x):
@@ -162,6 +166,62 @@ def gpt_like(width: int = 16, heads: int = 2, max_len: int = 32) -> Any:
             return x + self.o(y)
 
     return GPT()
+
+
+def llama_like(width: int = 16, heads: int = 4, kv_heads: int = 2, max_len: int = 32, layers: int = 1) -> Any:
+    """Llama decoder layers as HF writes them: RMSNorm, rotary embeddings on [B, H, S, D] Q and K,
+    grouped-query K / V through repeat_kv (Unsqueeze -> Expand -> Reshape), torch's SDPA with
+    is_causal=True (exported as a Trilu mask), SwiGLU MLP, residual adds."""
+    torch, nn, F = _nn()
+    d = width // heads
+
+    def rotate_half(x):
+        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+
+    def repeat_kv(x, n):
+        b, hk, t, dd = x.shape
+        return x[:, :, None, :, :].expand(b, hk, n, t, dd).reshape(b, hk * n, t, dd)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = _rms_norm(width), _rms_norm(width)
+            self.q, self.k = nn.Linear(width, width, bias=False), nn.Linear(width, kv_heads * d, bias=False)
+            self.v, self.o = nn.Linear(width, kv_heads * d, bias=False), nn.Linear(width, width, bias=False)
+            self.gate, self.up = nn.Linear(width, 2 * width, bias=False), nn.Linear(width, 2 * width, bias=False)
+            self.down = nn.Linear(2 * width, width, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            h = self.norm1(x)
+            q = self.q(h).view(b, t, heads, d).transpose(1, 2)
+            k = self.k(h).view(b, t, kv_heads, d).transpose(1, 2)
+            v = self.v(h).view(b, t, kv_heads, d).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            n = heads // kv_heads
+            y = F.scaled_dot_product_attention(q, repeat_kv(k, n), repeat_kv(v, n), is_causal=True)
+            x = x + self.o(y.transpose(1, 2).reshape(b, t, width))
+            h = self.norm2(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(layers))
+            inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+            angles = torch.outer(torch.arange(max_len).float(), inv)
+            angles = torch.cat((angles, angles), dim=-1)
+            self.register_buffer("cos", angles.cos())
+            self.register_buffer("sin", angles.sin())
+
+        def forward(self, x):
+            t = x.shape[1]
+            cos, sin = self.cos[:t], self.sin[:t]
+            for layer in self.layers:
+                x = layer(x, cos, sin)
+            return x
+
+    return Llama()
 
 
 def groupnorm_like(width: int = 8, groups: int = 4) -> Any:
@@ -179,6 +239,7 @@ MODELS: dict[str, tuple[Callable[[], Any], dict[str, tuple[int, ...]], dict[str,
     "bert": (bert_like, {"x": (2, 8, 16), "mask": (2, 8)},
              {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}),
     "gpt": (gpt_like, {"x": (2, 8, 16)}, {"x": {0: "batch", 1: "seq"}}),
+    "llama": (llama_like, {"x": (2, 8, 16)}, {"x": {0: "batch", 1: "seq"}}),
     "groupnorm": (groupnorm_like, {"x": (2, 3, 8, 8)}, {"x": {0: "batch"}}),
 }
 
