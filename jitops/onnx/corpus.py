@@ -131,7 +131,8 @@ def bert_like(width: int = 16, heads: int = 2) -> Any:
 
 
 def _rms_norm(c: int, eps: float = 1e-6) -> Any:
-    """Llama's RMSNorm, as HF writes it (float32 statistics, rsqrt, weight after)."""
+    """Llama's RMSNorm as HF writes it (LlamaRMSNorm: the input cast to float32, rsqrt, cast back,
+    weight after)."""
     torch, nn, F = _nn()
 
     class RMSNorm(nn.Module):
@@ -140,8 +141,9 @@ def _rms_norm(c: int, eps: float = 1e-6) -> Any:
             self.weight, self.eps = nn.Parameter(torch.rand(c) + 0.5), eps
 
         def forward(self, x):
-            var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-            return self.weight * (x * torch.rsqrt(var + self.eps)).to(x.dtype)
+            dtype, h = x.dtype, x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * h.to(dtype)
 
     return RMSNorm()
 

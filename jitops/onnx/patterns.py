@@ -179,7 +179,22 @@ def match_decomposed_rms_norm(view: GraphView, sq: Any, fuse: bool, namer: Namer
     covered.append(normed)
     out = normed.output[0]
     cast = _user(view, out, ("Cast",))
-    if cast is not None and view.dtype(cast.output[0]) == view.dtype(out):   # a no-op cast (.to(x.dtype))
+    # HF's hidden_states.to(float32) in front: the node reads what was cast, so it reads and writes
+    # x's own dtype (statistics in float32 inside, as the kernels keep them) and a residual Add before
+    # it is found (skip_patterns). A no-op cast (float32 models; torch's tracer then hands the cast
+    # to every later reader of x, the next residual Add too) stays for its other readers; a real one
+    # is taken where the norm alone reads it and the result is cast back (.to(input_dtype)).
+    lead = view.producer.get(x)
+    if lead is not None and lead.op_type == "Cast" and lead.domain in ONNX_DOMAINS and x not in view.outputs \
+            and view.dtype(lead.input[0]) in ("float32", "float16", "bfloat16"):
+        ids = {id(n) for n in covered}
+        if view.dtype(lead.input[0]) == view.dtype(x):
+            x = lead.input[0]
+        elif cast is not None and view.dtype(cast.output[0]) == view.dtype(lead.input[0]) \
+                and all(id(u) in ids for u in view.consumers.get(x, [])):
+            covered.insert(0, lead)
+            x = lead.input[0]
+    if cast is not None and view.dtype(cast.output[0]) == view.dtype(x):   # .to(x.dtype)
         covered.append(cast)
         out = cast.output[0]
     out, gamma, _ = _affine_tail(view, out, covered, want_bias=False)
