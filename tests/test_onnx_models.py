@@ -42,6 +42,15 @@ EXPECTED = {
     "llama": {"RmsNorm": 2, "Attention": 1},
     "groupnorm": {"Conv2d": 2, "GroupNorm": 1, "LeakyRelu": 1},
 }
+# Where torch.export's exporter (torch 2.13, onnxscript 0.7.2, 2026-11-26) writes them otherwise:
+# its ViT attention reaches the pattern without nn.MultiheadAttention's head transposes in the Sbhd
+# form (the plain type; the transposes stay ONNX), and its Llama keeps no traced alias of RMSNorm's
+# float32 cast, so the second norm takes the residual Add (SkipRmsNormSum). Its Llama's K reaches the
+# scores MatMul through a 3-D reshape, so repeat_kv stays ONNX there (the causal mask is still proved).
+EXPECTED_DYNAMO = {
+    "vit": {"Conv2d": 1, "LayerNorm": 1, "SkipLayerNormSum": 1, "SkipBiasLayerNorm": 1, "Attention": 1},
+    "llama": {"RmsNorm": 1, "Attention": 1, "SkipRmsNormSum": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +108,13 @@ def test_exported_model_is_taken_with_symbolic_batch_and_its_rewrite_matches(cor
     model = _export(corpus, name, opset)
     assert any(d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim)    # symbolic batch
     groups = jo.map_nodes(model)
-    assert _taken(groups) == EXPECTED[name], [p.describe() for p in groups]
+    expected = EXPECTED_DYNAMO.get(name, EXPECTED[name]) if opset == "dynamo" else EXPECTED[name]
+    assert _taken(groups) == expected, [p.describe() for p in groups]
     assert all(p.supported for p in groups), [p.describe() for p in groups if not p.supported]
     assert all(p.problem is None and p.dynamic and "planned at run time" in p.describe() for p in groups)
     rewritten = jo.rewrite(model)
     onnx.checker.check_model(rewritten)
-    assert sum(n.domain == jo.DOMAIN for n in rewritten.graph.node) == sum(EXPECTED[name].values())
+    assert sum(n.domain == jo.DOMAIN for n in rewritten.graph.node) == sum(expected.values())
     assert not _unfused_affine(rewritten), "a norm's constant scale / shift was left outside its jitops node"
     for batch, seq in ((1, None), (3, 5)):
         feeds = _feeds(corpus, name, batch, seq if name in ("bert", "gpt", "llama") else None)
