@@ -254,7 +254,9 @@ def test_corpus_vit_is_rewritten_to_sbhd(corpus, opset, monkeypatch):
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param     # symbolic batch
     [p] = [p for p in jo.map_nodes(model) if p.op == "attention"]
     assert p.op_type == "AttentionSbhd" and p.dynamic, p.describe()
-    assert p.onnx_ops.count("Transpose") == 5 and p.onnx_ops.count("Reshape") == 3
+    # torch.export's exporter writes K^T as a flatten to 3-D, a transpose and a reshape back: two
+    # more Reshapes in the pattern (attention_patterns._flat_transpose)
+    assert p.onnx_ops.count("Transpose") == 5 and p.onnx_ops.count("Reshape") == 3 + 2 * (opset == "dynamo")
     assert all(p.inputs[n].layout == "sbhd" and p.inputs[n].shape[1:] == (HEADS, 17, D) for n in "qkv")
     rw = jo.rewrite(model)
     onnx.checker.check_model(rw)
@@ -268,7 +270,9 @@ def test_corpus_vit_is_rewritten_to_sbhd(corpus, opset, monkeypatch):
     assert count_ops(plain, "Transpose") == count_ops(rw, "Transpose") + 4
     # the node reads the [S, B*H, D] values (num_heads): no Reshape is inserted for them
     assert p.node_attrs["num_heads"] == HEADS and count_ops(rw, "Reshape") == count_ops(plain, "Reshape") - 3
-    assert len(rw.graph.node) <= len(plain.graph.node) - 4 - 3 - 3   # at least the three Concats
+    # and at least the three Concats of the 4-D targets (under torch.export's exporter those stay:
+    # 34 nodes against the plain rewrite's 41 with torch 2.13 / onnxscript 0.7.2)
+    assert len(rw.graph.node) <= len(plain.graph.node) - 4 - 3 - 3 * (opset != "dynamo")
 
 
 @pytest.mark.parametrize("opset,dtype", [(14, "float32"), (17, "float32"), (17, "float16"), ("dynamo", "float32")])

@@ -43,12 +43,10 @@ EXPECTED = {
     "groupnorm": {"Conv2d": 2, "GroupNorm": 1, "LeakyRelu": 1},
 }
 # Where torch.export's exporter (torch 2.13, onnxscript 0.7.2, 2026-11-26) writes them otherwise:
-# its ViT attention reaches the pattern without nn.MultiheadAttention's head transposes in the Sbhd
-# form (the plain type; the transposes stay ONNX), and its Llama keeps no traced alias of RMSNorm's
-# float32 cast, so the second norm takes the residual Add (SkipRmsNormSum). Its Llama's K reaches the
-# scores MatMul through a 3-D reshape, so repeat_kv stays ONNX there (the causal mask is still proved).
+# its Llama keeps no traced alias of RMSNorm's float32 cast, so the second norm takes the residual Add
+# (SkipRmsNormSum). (Its K^T, a flatten to 3-D + transpose + reshape back, is read through:
+# attention_patterns._flat_transpose, which gives ViT its Sbhd type and Llama its repeat_kv take-in.)
 EXPECTED_DYNAMO = {
-    "vit": {"Conv2d": 1, "LayerNorm": 1, "SkipLayerNormSum": 1, "SkipBiasLayerNorm": 1, "Attention": 1},
     "llama": {"RmsNorm": 1, "Attention": 1, "SkipRmsNormSum": 1},
 }
 

@@ -86,6 +86,9 @@ def _key_input(view: GraphView, kt: str, namer: Namer) -> tuple[str, float, list
     shape = view.shape(kt)
     if shape is None or len(shape) not in (3, 4):
         return None
+    flat = _flat_transpose(view, kt)
+    if flat is not None:
+        return flat[0], scale, covered + flat[1], [], {}
     rank = len(shape)
     swapped = tuple(shape[:-2]) + (shape[-1], shape[-2])
     if prod is not None and prod.op_type == "Transpose" and _same_domain(prod) and view.only_consumer(kt):
@@ -102,6 +105,37 @@ def _key_input(view: GraphView, kt: str, namer: Namer) -> tuple[str, float, list
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     return name, scale, covered, [helper.make_node("Transpose", [kt], [name], perm=perm,
                                                    name=namer(kt, "k_transpose"))], {name: (swapped, view.dtype(kt))}
+
+
+def _flat_transpose(view: GraphView, kt: str) -> tuple[str, list[Any]] | None:
+    """K^T as torch.export's exporter writes it for SDPA: Reshape(Transpose(Reshape(K, [-1, S, D]),
+    perm 0,2,1), [..., D, S]) of a 4-D K [.., S, D]: (K, the three nodes). The leading dims must come
+    back as they were (each the same dim of K and of K^T, known or the same symbol), the middle
+    values read by the chain alone (or by Shapes that die with it: the exporter sizes the last
+    Reshape from Shape(flat))."""
+    outer = view.producer.get(kt)
+    if outer is None or outer.op_type != "Reshape" or not _same_domain(outer) or not view.only_consumer(kt):
+        return None
+    t = view.producer.get(outer.input[0])
+    if t is None or t.op_type != "Transpose" or not _same_domain(t) or _perm(view, t) != [0, 2, 1] \
+            or view.only_consumer(t.output[0]) is not outer:
+        return None
+    inner = view.producer.get(t.input[0])
+    if inner is None or inner.op_type != "Reshape" or not _same_domain(inner):
+        return None
+    chain = [outer, t, inner]
+    ids, memo = {id(n) for n in chain}, {}
+    if not all(id(u) in ids or u.op_type == "Shape" and _dead_with(view, u, ids, memo)
+               for u in view.consumers.get(inner.output[0], [])):
+        return None
+    k = inner.input[0]
+    ks, kts, flat = view.shape(k), view.shape(kt), view.shape(inner.output[0])
+    if ks is None or kts is None or flat is None or len(ks) != 4 or len(kts) != 4 or len(flat) != 3:
+        return None
+    same = all(view.same_dim(k, i, kt, i) for i in range(2)) and view.same_dim(k, 2, kt, 3) \
+        and ks[3] is not None and ks[3] == kts[2] and view.same_dim(k, 2, inner.output[0], 1) \
+        and flat[2] == ks[3]
+    return (k, [*chain]) if same else None
 
 
 def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
