@@ -27,6 +27,11 @@ if ! python3 -c "import torch" 2>/dev/null; then
   if [ -n "$wheel" ]; then $PIP "$wheel"; fi
 fi
 $PIP -e ".[test,cuda,onnx]"
+# torch.export's ONNX exporter (torch's default since 2.9) needs onnxscript: the exported-model tests
+# also run the corpus through it where it installs (they skip without it).
+if python3 -c "import torch" 2>/dev/null && ! python3 -c "import onnxscript" 2>/dev/null; then
+  $PIP onnxscript || echo "setup: onnxscript not installable here; torch.export exporter tests skip" >&2
+fi
 # hip-python matching Debian's ROCm 5.2 libraries (hiprtc lives in libamdhip64 there).
 if [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ]; then
   python3 -c "import hip" 2>/dev/null || $PIP "hip-python==6.2.0.499.16"
