@@ -45,7 +45,7 @@ def main() -> None:
                          **({"activation": "relu"} if args.bias else {})})
     tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";") if t] or wg.TMA_TILES
     for tile in tiles:
-        s = wg.tma_schedule(tile, wg.bk_of(p), persistent=wg.tma_mode(tile) != wg.KSLICE)
+        s = wg.tma_schedule(tile, wg.bk_of(p))
         text, counts = report(backend, p, s, args.nvdisasm)
         extra_counts = f", UTMALDG {counts['UTMALDG']}" if counts else ""
         print(f"{args.dtype} {tile}: {summary(text, counts)}{extra_counts}", flush=True)

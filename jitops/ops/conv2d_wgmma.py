@@ -129,7 +129,7 @@ def bk_of(p: Conv2dProblem) -> int:
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
              persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0,
-             pingpong: bool = False, kslice: bool = False) -> Schedule:
+             pingpong: bool = False) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
     if b_nchw:
         extra["b_nchw"] = 1
@@ -139,8 +139,6 @@ def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why
             extra["regs"] = regs
         if pingpong:
             extra["pingpong"] = 1
-        if kslice:
-            extra["kslice"] = 1
     return Schedule.make(ALGORITHM, why=why, bm=bm, bn=bn, bk=bk, stages=stages, producer=producer,
                          split_k=split_k, math="wgmma", **extra)
 
@@ -390,10 +388,7 @@ TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (2
              # ping-pong: the two consumer warpgroups take alternate tiles whole (offered on persistent grids
              # only: where blocks get few tiles, one warpgroup idles). Of five timed (H100 2026-11-26, run 5)
              # these two were fastest anywhere: TF32 C = 64 3x3 layers, 1.03-1.05x the best other tile.
-             (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1),
-             # K-sliced (2: KSLICE): both consumer warpgroups on one tile, alternate K tiles; offered where the
-             # tiles leave multiprocessors idle
-             (64, 128, 6, 2, 0, 2), (64, 256, 4, 2, 232, 2))
+             (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1))
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -413,21 +408,10 @@ def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-# The sixth entry of a TMA tile: how its two consumer warpgroups share the work.
-PINGPONG, KSLICE = 1, 2
-
-
 def tma_tile_of(s: Schedule) -> tuple[int, ...]:
-    """(bm, bn, stages, consumer warpgroups, setmaxnreg count), and a sixth PINGPONG or KSLICE."""
+    """(bm, bn, stages, consumer warpgroups, setmaxnreg count), and a sixth 1 for ping-pong."""
     tile = (int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0)))
-    if int(s.get("pingpong", 0)):
-        return tile + (PINGPONG,)
-    return tile + (KSLICE,) if int(s.get("kslice", 0)) else tile
-
-
-def tma_mode(tile: tuple[int, ...]) -> int:
-    """0 (the warpgroups split the tile's rows), PINGPONG or KSLICE."""
-    return tile[5] if len(tile) > 5 else 0
+    return tile + (1,) if int(s.get("pingpong", 0)) else tile
 
 
 def tma_shared_bytes(bm: int, bn: int, stages: int) -> int:
@@ -447,7 +431,7 @@ def tma_schedule(tile: tuple[int, ...], bk: int, persistent: bool = True, why: s
                  split_k: int = 1) -> Schedule:
     bm, bn, stages, wgs, regs = tile[:5]
     return schedule(bm, bn, stages, 0, bk=bk, persistent=persistent, tma=wgs, regs=regs, why=why, split_k=split_k,
-                    pingpong=tma_mode(tile) == PINGPONG, kslice=tma_mode(tile) == KSLICE)
+                    pingpong=len(tile) > 5 and bool(tile[5]))
 
 
 def tma_k_tiles(p: Conv2dProblem) -> int:
@@ -468,19 +452,14 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         raise ScheduleError(reason)
     tile = tma_tile_of(s)
     bm, bn, stages, wgs, regs = tile[:5]
-    pingpong = tma_mode(tile) == PINGPONG
-    kslice = tma_mode(tile) == KSLICE
-    whole = pingpong or kslice                  # each consumer warpgroup holds the whole tile
+    pingpong = len(tile) > 5
     bk = bk_of(p)
-    if (bm % (64 * wgs) and not whole) or bm % 64 or bm > 256 or bn % 64 or bn > 256 or stages < 2 or \
-            (whole and (wgs != 2 or bm * bn // 128 > 128 and not regs)) or (kslice and stages % 2):
+    if (bm % (64 * wgs) and not pingpong) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or \
+            (pingpong and (wgs != 2 or bm * bn // 128 > 128 and not regs)):
         raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
     splits, kt_per = tma_splits(p, s)
     if pingpong and splits > 1:
         raise ScheduleError("the ping-pong TMA kernel takes no split-K")
-    if kslice and (is_persistent(s) or bm * bn * 4 > stages * (bm + bn) * 128):
-        raise ScheduleError("the K-sliced TMA kernel takes one tile per block and exchanges its partial sums "
-                            "through the ring")
     threads = 128 * (wgs + 1)
     smem = tma_shared_bytes(bm, bn, stages)
     if smem > device.shared_per_block_optin or threads > device.max_threads_per_block:
@@ -500,7 +479,7 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     vec_out = p.cout % 8 == 0
     fused = splits == 1
     params = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "WG": wgs, "regs": regs, "threads": threads,
-              "min_blocks": resident, "pingpong": int(pingpong), "kslice": int(kslice),
+              "min_blocks": resident, "pingpong": int(pingpong),
               "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
               "vec_out": vec_out, "split_k": not fused}
@@ -556,13 +535,10 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
-        mode = tma_mode(tile)
-        if mode == PINGPONG and tiles < 4 * device.multiprocessors or \
-                mode == KSLICE and tiles >= device.multiprocessors * tma_resident(tile, device):
+        if len(tile) > 5 and tiles < 4 * device.multiprocessors:
             continue
-        out.append(tma_schedule(tile, bk_of(p), persistent=mode != KSLICE and
-                                tiles > device.multiprocessors * tma_resident(tile, device)))
-        if tiles < device.multiprocessors and mode != PINGPONG:
+        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors * tma_resident(tile, device)))
+        if tiles < device.multiprocessors and len(tile) == 5:
             kt = tma_k_tiles(p)
             out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k) for k in (2, 3, 4, 6, 8)
                     if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
@@ -611,7 +587,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     bk = bk_of(p)
     splits, per = tma_splits(p, s)
     blocks = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn) * splits
-    if tma_mode(tile) == PINGPONG:                        # ping-pong: two tiles share a block, one at a time
+    if len(tile) > 5:                                     # ping-pong: two tiles share a block, one at a time
         blocks = ceil_div(blocks, 2) * 2
     resident = tma_resident(tile, device)                 # resident blocks share the multiprocessor
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
