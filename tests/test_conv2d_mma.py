@@ -433,3 +433,20 @@ def test_wgmma_tma_heuristic():
     s = op.heuristic(prob((2, 1280, 8, 8), (1280, 1280, 3, 3)), hopper)
     assert int(s["split_k"]) > 1                                # 20 tiles of 128 x 128 on 132 multiprocessors
     assert any(wg.is_tma(c) for c in get_op("conv2d").candidates(prob((2, 640, 64, 64), (640, 640, 3, 3)), hopper))
+
+
+def test_wgmma_tma_l2_resident_rate():
+    """A call whose bytes fit in L2 is charged at TMA_RESIDENT_BYTES_PER_S on the TMA kernel only: the
+    ResNet-50 b32 1x1 layer 512 -> 128 at 28x28 (32 MB; both kernels' estimates were the DRAM term)
+    takes the TMA kernel's 192 x 128 tile (8.7-8.9 us against 11.4-11.9 on the cp.async pick, H100
+    2026-11-26); the 64 MB 1x1 layer 256 -> 64 at 56x56 keeps the cp.async kernel."""
+    from jitops.ops import conv2d_wgmma as wg
+    hopper = jitops.get_backend(target="sm_90").device
+
+    def prob(x, w, dtype="float16", padding=0):
+        return op.make_problem({"x": TensorSpec(x, dtype, "nhwc"), "w": TensorSpec(w, dtype), "bias": None},
+                               {"padding": padding})
+    for dtype in ("float16", "bfloat16"):
+        s = op.heuristic(prob((32, 512, 28, 28), (128, 512, 1, 1), dtype), hopper)
+        assert wg.is_tma(s) and wg.tma_tile_of(s) == (192, 128, 5, 3, 0), s
+        assert not wg.is_tma(op.heuristic(prob((32, 256, 56, 56), (64, 256, 1, 1), dtype), hopper))

@@ -359,16 +359,22 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     return call_seconds(p, s, compute, p.cout * k_padded(p, bk) * p.itemsize, splits, prm.split_s, bandwidth, launch_s)
 
 
-def call_seconds(p: Conv2dProblem, s: Schedule, compute: float, w_bytes: float, splits: int, split_s: float,
-                 bandwidth: float, launch_s: float) -> float:
-    """One call of a wgmma kernel (either loop) from its main loop's seconds: the launch, the larger of
-    that and the DRAM bytes (input, output, residual, the packed weights' w_bytes), the NHWC copy of
-    an NCHW input and split-K's reduction (split_s fixed, its fp32 partials at the copy rate)."""
+def io_bytes(p: Conv2dProblem) -> tuple[float, float]:
+    """(input bytes, output + residual bytes) of one call (the packed weights come apart)."""
     isz = p.itemsize
     cs, _ = channels(p)
-    x_bytes = p.n * p.h * p.w * cs * isz
-    y_bytes = p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
-    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / bandwidth)
+    return p.n * p.h * p.w * cs * isz, p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+
+
+def call_seconds(p: Conv2dProblem, s: Schedule, compute: float, w_bytes: float, splits: int, split_s: float,
+                 bandwidth: float, launch_s: float, io_bandwidth: float | None = None) -> float:
+    """One call of a wgmma kernel (either loop) from its main loop's seconds: the launch, the larger of
+    that and the DRAM bytes (input, output, residual, the packed weights' w_bytes; at io_bandwidth if
+    given), the NHWC copy of an NCHW input and split-K's reduction (split_s fixed, its fp32 partials at
+    the copy rate)."""
+    isz = p.itemsize
+    x_bytes, y_bytes = io_bytes(p)
+    t = launch_s + max(compute, (x_bytes + y_bytes + w_bytes) / (io_bandwidth or bandwidth))
     if needs_nhwc_copy(p, s):
         t += launch_s + (p.n * p.cin * p.h * p.w * isz + x_bytes) / (0.8 * bandwidth)
     if splits > 1:
@@ -570,6 +576,18 @@ TMA_PERSISTENT_OVERHEAD = {'tf32': 8, '16': 4}
 TMA_L2_BYTES_PER_S = 1.2e+13
 TMA_MARGIN = 1.1
 UNRATED_TMA = 0.05
+# A call whose input, output and weights together fit in L2 (50 MB on the H100) and stay there between
+# calls (graph replays; in a network, the layer before just wrote the input) reads them at more than
+# the DRAM rate. Measured (H100, 2026-11-26, four sweeps, 17:35-19:45 UTC): the 1x1 layer 32x512x28x28
+# -> 128 (32 MB) ran 8.7-8.9 us on the TMA kernel's 192 x 128 tile, 4.8 TB/s counting every byte once,
+# while the cp.async kernel's pick ran 11.4-11.9 us (2.8 TB/s); charged at 3.0 TB/s both estimates
+# were the DRAM term (12.7 us) and the tie went to the cp.async kernel. The 64 MB layer
+# 32x256x56x56 -> 64 ran at 2.8-2.9 TB/s on both kernels. Only the TMA estimate takes this rate
+# (the cp.async kernel did not reach it); split-K's partials keep the copy rate (with it, 2x640x32x32 3x3
+# moved to a 3-way split measured 35.6-36.3 us against 29.6-30.2 for an unsplit 128 x 128 tile). Same-run
+# A/B against the previous estimate (run 2, 19:55): the 8 changed picks ran 1.18-1.52x faster.
+TMA_RESIDENT_BYTES = 40e6
+TMA_RESIDENT_BYTES_PER_S = 4.8e12
 
 
 def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
@@ -597,4 +615,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
         compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
     compute *= TMA_MARGIN if margin is None else margin
-    return call_seconds(p, s, compute, p.cout * per * splits * bk * p.itemsize, splits, COST.split_s, bandwidth, launch_s)
+    w_bytes = p.cout * per * splits * bk * p.itemsize
+    io_bw = max(bandwidth, TMA_RESIDENT_BYTES_PER_S) if sum(io_bytes(p)) + w_bytes <= TMA_RESIDENT_BYTES \
+        else bandwidth
+    return call_seconds(p, s, compute, w_bytes, splits, COST.split_s, bandwidth, launch_s, io_bandwidth=io_bw)
