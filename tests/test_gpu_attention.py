@@ -268,7 +268,7 @@ def test_wgmma_tma_repeat_calls_encode_each_pointer():
 def test_wgmma_tma_loads(dtype, d):
     """fused_wgmma with K / V tiles loaded by TMA into the 128-byte swizzle (tma=1, the sm_90 pick),
     in the warp-specialized loop (a producer warpgroup: up to D = 160) and in the plain loop over a
-    ring of 2-4 buffers (thread 0 issues the loads; D = 256 too): rows past Sk and columns past D (40, 72: partial
+    ring of 2-4 buffers (thread 0 issues the loads; D = 256 too; one warpgroup per block too): rows past Sk and columns past D (40, 72: partial
     64-column blocks) land as zeros, a ring that wraps, a warpgroup past the last row, GQA 4:1, both
     causal diagonals; and views off 16-byte alignment (no map is encoded: the threads store the
     swizzled tiles themselves)."""
@@ -284,7 +284,7 @@ def test_wgmma_tma_loads(dtype, d):
                 if fits(d, g, bk, device, ring, True, True)]
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, stages=ring, **extra)
              for g, bk, ring, extra in ((2, 64, 2, {}), (2, 128, 3, {}), (3, 64, 4, {}), (2, 64, 2, {"release": 1}),
-                                        (3, 64, 3, {"release": 1}))
+                                        (3, 64, 3, {"release": 1}), (1, 128, 2, {}), (1, 64, 2, {"release": 1}))
              if fits(d, g, bk, device, ring, False, True)]
     assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
     for sched in producer + plain:

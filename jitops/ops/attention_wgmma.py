@@ -28,6 +28,10 @@ MAX_DIM = 256
 MIN_ROWS = 128          # fewer query rows per head: most of a 64-row warpgroup tile would be padding
 BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
+# The plain TMA loop also runs one warpgroup of 64 rows per block (up to 4 blocks per SM), by an
+# explicit schedule only: H100, 2026-11-26 20:15, 0.57-1.03x the picks from BERT b32 S=128 up; 1.17x on
+# BERT b8 S=128, which stays on fused_mma for its eager host cost (preferred()); docs/performance.md.
+PLAIN_GROUPS = (1, 2, 3)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
 
@@ -210,9 +214,10 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
     if release and (producer or not tma):
         raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
-    if groups not in GROUPS or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
+    allowed = PLAIN_GROUPS if tma and not producer else GROUPS
+    if groups not in allowed or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
-                            f"in {GROUPS}, {BLOCK_KS} and {RINGS if ring else STAGES}")
+                            f"in {allowed}, {BLOCK_KS} and {RINGS if ring else STAGES}")
     smem = shared_bytes(p.d, groups, bk, stages, tma)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
@@ -231,8 +236,11 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
     two = (tma and not producer and 2 * (smem + 1024) <= device.shared_per_multiprocessor
            and device.resident_blocks(threads, 0, 128) >= 2)
+    min_blocks = 2 if two else 1
+    if two and groups == 1:   # one warpgroup: as many blocks as shared memory holds, up to 4 (128 registers)
+        min_blocks = min(4, device.shared_per_multiprocessor // (smem + 1024))
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
-              "min_blocks": 2 if two else 1,
+              "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
               "release": release}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),

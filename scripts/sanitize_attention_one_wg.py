@@ -1,0 +1,19 @@
+"""Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
+synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA.
+
+    compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
+"""
+import torch
+
+import jitops
+from jitops.ops.base import Schedule
+
+for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {})):
+    q = torch.randn(1, 4, 90, d, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    for causal in (False, True):
+        out = jitops.attention(q, k, v, causal=causal, schedule=Schedule.make("fused_wgmma", groups=1, block_k=bk,
+                                                                              tma=1, **extra))
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+print("sanitize cases done")
