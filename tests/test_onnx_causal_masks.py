@@ -174,3 +174,52 @@ def test_repeat_kv_taken_only_where_it_repeats_heads(batch_from_expand):
             return {"q": rng.standard_normal((batch, 4, seq, 8)).astype(np.float32),
                     **{n: rng.standard_normal((batch, 2, seq, 8)).astype(np.float32) for n in ("kx", "vx")}}
         check_rewrite_at_two_sizes(model, "Attention", feeds, lambda b, s: (b, 4, s, 8), 1e-4)
+
+
+def test_float16_sdpa_causal_export_computes_in_float16():
+    """torch's SDPA(is_causal=True) exported from float16 tensors casts the scores and V to float32
+    (its causal mask is float32) and returns float32: the node computes in float16 on the original
+    inputs, proves the mask causal, and a Cast after it gives the float32 output. Both the kernels
+    (emulator) and the fallback body match ORT on the original within float16 rounding."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    class SDPA(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    buf = io.BytesIO()
+    x = torch.randn(1, 2, 8, 16).half()
+    torch.onnx.export(SDPA(), (x, x, x), buf, input_names=list("qkv"), output_names=["y"], opset_version=17,
+                      dynamo=False, dynamic_axes={n: {0: "b", 2: "t"} for n in "qkvy"})
+    model = onnx.load_from_string(buf.getvalue())
+    rw = jo.rewrite(model)
+    assert [n.op_type for n in rw.graph.node] == ["Attention", "Cast"]
+    assert _is_causal(model) == [("Attention", 1)]
+
+    def feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(batch * 10 + seq)
+        return {n: rng.standard_normal((batch, 2, seq, 16)).astype(np.float16) for n in "qkv"}
+    check_rewrite_at_two_sizes(model, "Attention", feeds, lambda b, s: (b, 2, s, 16), 2e-3)
+
+
+def test_float16_llama_export():
+    """The corpus Llama exported in float16: its attention (upcast by the exporter, causal, grouped-
+    query) is one node, and the model's kernels match ORT on the original at two sizes."""
+    pytest.importorskip("torch")
+    import warnings
+
+    from jitops.onnx import corpus
+    from jitops.onnx.testing import max_rel_error, ort_session
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = onnx.load_from_string(corpus.export("llama", 17, dtype="float16"))
+    rw = jo.rewrite(model)
+    assert [t for t in jitops_types(rw) if "Attention" in t] == ["Attention"]
+    assert _is_causal(model).count(("Attention", 1)) == 1 and "Expand" not in {n.op_type for n in rw.graph.node}
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    for batch, seq in ((1, 5), (2, 9)):
+        f = {k: v.astype(np.float16) for k, v in corpus.example_inputs("llama", seed=batch, x_0=batch, x_1=seq).items()}
+        ref = ort_session(model).run(None, f)[0]
+        assert max_rel_error(sess.run(None, f)[0], ref) < 1e-2, batch
+        assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < 1e-2, batch

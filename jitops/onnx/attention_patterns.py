@@ -62,8 +62,21 @@ def _scalar_operand(view: GraphView, node: Any) -> tuple[str, float] | None:
     return None
 
 
+def _upcast(view: GraphView, value: str) -> Any | None:
+    """The Cast making `value` float32 from float16 / bfloat16, read by one node: None otherwise."""
+    prod = view.producer.get(value)
+    if prod is None or prod.op_type != "Cast" or not _same_domain(prod) or view.only_consumer(value) is None:
+        return None
+    low = view.dtype(prod.input[0])
+    return prod if view.dtype(value) == "float32" and low in ("float16", "bfloat16") else None
+
+
 def _leads_to_matmul(view: GraphView, value: str) -> bool:
-    """True when `value` is MatMul(...) or a constant-scaled MatMul(...): the scores side of an Add."""
+    """True when `value` is MatMul(...) or a constant-scaled MatMul(...) (or such a value of float16 /
+    bfloat16 cast to float32): the scores side of an Add."""
+    cast = _upcast(view, value)
+    if cast is not None:
+        value = cast.input[0]
     prod = view.producer.get(value)
     if prod is not None and prod.op_type in ("Mul", "Div") and _same_domain(prod):
         found = _scalar_operand(view, prod)
@@ -186,6 +199,17 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         log.info("attention at %s: the mask is causal (proved from shapes): is_causal=1, mask not read",
                  node.name or node.output[0])
         mask, extra_mask, mask_consts, mask_values = "", [], {}, {}
+    # torch's SDPA(is_causal=True) exported from a float16 model: the scores cast to float32 before the
+    # float32 causal mask, V cast to match, the output float32. The node computes in the inputs' own
+    # type (float32 inside, as every attention kernel does) and a Cast after it gives the float32
+    # output its readers expect. Taken where the mask went (proved causal) or there is none.
+    upcast = _upcast(view, value) if step(prod) else None
+    if upcast is not None:
+        if mask:
+            return
+        covered.append(upcast)
+        value = upcast.input[0]
+        prod = view.producer.get(value)
     if step(prod) and prod.op_type in ("Mul", "Div"):
         found = _scalar_operand(view, prod)
         if found is None:
@@ -217,6 +241,18 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     attrs = {"scale": float(scale * k_scale), "is_causal": int(causal)}
     op_type = "MaskedAttention" if mask else "Attention"
     v = pv.input[1]
+    if upcast is not None:      # V cast from the same type; the node writes it, a Cast makes the float32 output
+        v_cast = _upcast(view, v)
+        if v_cast is None or view.dtype(v_cast.input[0]) != dtype or view.dtype(k) != dtype:
+            return
+        covered.append(v_cast)
+        v = v_cast.input[0]
+        from onnx import helper
+        low = namer(pv.output[0], "low")
+        after = [helper.make_node("Cast", [low], [pv.output[0]], to=1, name=namer(pv.output[0], "upcast"))]
+        low_values = {low: (view.shape(pv.output[0]), dtype)}
+        log.info("attention at %s: computed in %s (the export's float32 upcast), its output cast after",
+                 node.name or node.output[0], dtype)
     if not extra:       # Llama's repeat_kv before K and V: the node reads the kv heads (grouped-query)
         gone = {id(n) for n in covered + k_nodes}
         rk = _repeated_heads(view, k, gone)
@@ -224,6 +260,10 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         if rk and rv:
             (k, k_repeat), (v, v_repeat) = rk, rv
             k_nodes = k_nodes + k_repeat + v_repeat
+    if upcast is not None:      # the plain type only: the head transposes read the float32 output
+        yield Candidate(op_type, covered + k_nodes, [q, k, v], attrs, low, extra_nodes=extra,
+                        values={**values, **low_values}, after_nodes=after)
+        return
     heads = _head_transposes(view, q, k, v, extra, pv, covered + k_nodes)
     if heads is not None:
         sources, transposes, out = heads

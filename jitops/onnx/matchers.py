@@ -32,6 +32,7 @@ class Candidate:
     extra_nodes: list[Any] = field(default_factory=list)             # inserted before the jitops node
     values: dict[str, tuple[tuple[int, ...] | None, str]] = field(default_factory=dict)  # new value types
     extra_outputs: list[str] = field(default_factory=list)           # the node's outputs after `output`
+    after_nodes: list[Any] = field(default_factory=list)             # inserted after the jitops node
 
 
 @dataclass

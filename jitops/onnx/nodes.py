@@ -51,6 +51,7 @@ class NodeProblem:
     node_attrs: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     extra_nodes: list[Any] = field(default_factory=list, repr=False)
+    after_nodes: list[Any] = field(default_factory=list, repr=False)    # inserted after the jitops node
     covered: list[Any] = field(default_factory=list, repr=False)    # the ONNX NodeProtos replaced
     # Inputs with symbolic sizes (None per unknown dim): taken, planned per actual shape at run time;
     # `problem` is then None and `inputs` show -1 for the unknown dims.
@@ -154,7 +155,8 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
         op_type=cand.op_type, op=t.op, inputs=specs, attrs=attrs, problem=problem, reason=reason,
         node_inputs=tuple(cand.inputs), node_output=cand.output, node_extra_outputs=tuple(cand.extra_outputs),
         node_attrs=dict(cand.attrs),
-        constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), covered=list(cand.nodes),
+        constants=dict(cand.constants), extra_nodes=list(cand.extra_nodes), after_nodes=list(cand.after_nodes),
+        covered=list(cand.nodes),
         dynamic={n: tuple(s) for n, s in dynamic.items()})
 
 

@@ -77,6 +77,7 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
                 new_nodes += [*before, _jitops_node(p, inputs, output), *after]
             else:
                 new_nodes.append(_jitops_node(p))
+            new_nodes.extend(p.after_nodes)
     del g.node[:]
     g.node.extend(_drop_orphans(new_nodes, [n for p in problems for n in p.covered], out.graph))
     _update_initializers(out, problems)
