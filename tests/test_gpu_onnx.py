@@ -158,3 +158,27 @@ def test_run_pointers_on_device_buffers_and_a_stream(gpu, op):
                             stream.cuda_stream, backend=gpu)
     stream.synchronize()
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("name,dtype", [("gpt", "float32"), ("gpt", "float16"), ("llama", "float32"),
+                                        ("llama", "float16")])
+def test_decoder_exports_on_the_gpu_match_ort_cpu(gpu, name, dtype):
+    """The corpus decoders as torch exports them (GPT: tril buffer + masked_fill; Llama: rotary,
+    repeat_kv, SDPA is_causal, float16 upcast) with their attention proved causal and, for Llama,
+    reading the kv heads: the GPU kernels under ORT's CPU provider match ORT's own run of the original
+    at two sequence lengths (the corpus keeps 32 positions)."""
+    import warnings
+
+    from jitops.onnx import corpus
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = onnx.load_from_string(corpus.export(name, 17, dtype=dtype))
+    rw = jo.rewrite(model)
+    attention = [n for n in rw.graph.node if n.domain == jo.DOMAIN and "Attention" in n.op_type]
+    assert len(attention) == 1 and {a.name: a.i for a in attention[0].attribute}["is_causal"] == 1
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend=gpu)
+    for batch, seq in ((2, 7), (3, 31)):
+        f = {k: v.astype(dtype) for k, v in corpus.example_inputs(name, seed=batch, x_0=batch, x_1=seq).items()}
+        ref = ort_session(model).run(None, f)[0]
+        got = sess.run(None, f)[0]
+        assert got.dtype == ref.dtype and max_rel_error(got, ref) < (1e-2 if dtype == "float16" else 1e-3), (batch, seq)
