@@ -28,9 +28,12 @@ if ! python3 -c "import torch" 2>/dev/null; then
 fi
 $PIP -e ".[test,cuda,onnx]"
 # torch.export's ONNX exporter (torch's default since 2.9) needs onnxscript: the exported-model tests
-# also run the corpus through it where it installs (they skip without it).
-if python3 -c "import torch" 2>/dev/null && ! python3 -c "import onnxscript" 2>/dev/null; then
-  $PIP onnxscript || echo "setup: onnxscript not installable here; torch.export exporter tests skip" >&2
+# also run the corpus through it, and Hugging Face transformers models (tiny configs) through it,
+# where they install (those tests skip without them).
+if python3 -c "import torch" 2>/dev/null; then
+  for pkg in onnxscript transformers; do
+    python3 -c "import $pkg" 2>/dev/null || $PIP "$pkg" || echo "setup: $pkg not installable here; its tests skip" >&2
+  done
 fi
 # hip-python matching Debian's ROCm 5.2 libraries (hiprtc lives in libamdhip64 there).
 if [ -e /usr/lib/x86_64-linux-gnu/libamdhip64.so.5 ]; then

@@ -223,3 +223,44 @@ def test_float16_llama_export():
         ref = ort_session(model).run(None, f)[0]
         assert max_rel_error(sess.run(None, f)[0], ref) < 1e-2, batch
         assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < 1e-2, batch
+
+
+def _position_mask_model(window: int | None):
+    """A mask built from position indices, as transformers 5 writes it under torch.export: q_idx =
+    Range(0, tq), kv_idx = Range(0, tk), visible = kv_idx <= q_idx [and q_idx - kv_idx < window],
+    Where(visible, 0, float32's lowest) added to the scores."""
+    nodes = [helper.make_node("Shape", ["q"], ["qs"]), _const("at2", 2, dims=[]),
+             helper.make_node("Gather", ["qs", "at2"], ["tq"], axis=0),
+             helper.make_node("Shape", ["k"], ["ks"]), helper.make_node("Gather", ["ks", "at2"], ["tk"], axis=0),
+             _const("zero_i", 0, dims=[]), _const("one_i", 1, dims=[]),
+             helper.make_node("Range", ["zero_i", "tq", "one_i"], ["q_idx0"]),
+             helper.make_node("Range", ["zero_i", "tk", "one_i"], ["kv_idx"]),
+             _const("last", [1]), helper.make_node("Unsqueeze", ["q_idx0", "last"], ["q_idx"]),
+             helper.make_node("LessOrEqual", ["kv_idx", "q_idx"], ["causal"])]
+    visible = "causal"
+    if window is not None:
+        nodes += [helper.make_node("Sub", ["q_idx", "kv_idx"], ["dist"]), _const("window", window, dims=[]),
+                  helper.make_node("Less", ["dist", "window"], ["near"]),
+                  helper.make_node("And", ["causal", "near"], ["visible"])]
+        visible = "visible"
+    nodes += [_const("zero", [0.0], TensorProto.FLOAT, []), _const("lowest", [-3.4028235e38], TensorProto.FLOAT, []),
+              helper.make_node("Where", [visible, "zero", "lowest"], ["mask"]),
+              helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Add", ["s", "mask"], ["sm"]),
+              helper.make_node("Softmax", ["sm"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 2, "t", 8]) for n in "qkv"]
+    graph = helper.make_graph(nodes, "positions", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("window", [None, 3, 4096])
+def test_masks_from_position_indices(window):
+    """kv_idx <= q_idx over Range indices is proved causal (no Trilu, no table: every constant is
+    small, and the probes run past them); with a sliding window of 3 the probes see its edge, and a
+    window of 4096 is a constant too large to probe past: both stay masks."""
+    model = _position_mask_model(window)
+    if window is None:
+        assert _is_causal(model) == [("Attention", 1)]
+        check_rewrite_at_two_sizes(model, "Attention", _feeds, lambda b, s: (b, 2, s, 8), 1e-4)
+    else:
+        assert _is_causal(model) == [("MaskedAttention", 0)]

@@ -151,6 +151,20 @@ def _flat_transpose(view: GraphView, kt: str) -> tuple[str, list[Any]] | None:
     return (k, [*chain]) if same else None
 
 
+def _nan_guard(view: GraphView, probs: str) -> list[Any]:
+    """torch.export's SDPA decomposition zeroes the rows a mask hides entirely: Where(IsNaN(p), 0, p)
+    after the Softmax. The kernels give such rows 0 themselves: [IsNaN, Where] when `probs` is read by
+    exactly those two, else []."""
+    users = view.consumers.get(probs, [])
+    isnan = next((u for u in users if u.op_type == "IsNaN" and _same_domain(u)), None)
+    where = next((u for u in users if u.op_type == "Where" and _same_domain(u)), None)
+    if len(users) != 2 or isnan is None or where is None or probs in view.outputs \
+            or view.only_consumer(isnan.output[0]) is not where:
+        return []
+    zero = view.scalar(where.input[1])
+    return [isnan, where] if list(where.input[::2]) == [isnan.output[0], probs] and zero == 0.0 else []
+
+
 def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer) -> Iterator[Match]:
     """MatMul(Q, K^T) -> [Mul|Div by a constant] -> [Add mask] -> Softmax(last axis) -> MatMul(., V)."""
     if not fuse or view.opset < 13:
@@ -161,10 +175,13 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     axis = int(view.attrs(node).get("axis", -1))
     if axis not in (-1, len(shape) - 1):
         return
-    pv = view.only_consumer(node.output[0])
-    if pv is None or pv.op_type != "MatMul" or not _same_domain(pv) or pv.input[0] != node.output[0]:
+    probs, guard = node.output[0], _nan_guard(view, node.output[0])
+    if guard:
+        probs = guard[-1].output[0]
+    pv = view.only_consumer(probs)
+    if pv is None or pv.op_type != "MatMul" or not _same_domain(pv) or pv.input[0] != probs:
         return
-    covered, scale, mask = [node, pv], 1.0, ""
+    covered, scale, mask = [node, *guard, pv], 1.0, ""
     value = node.input[0]
     prod = view.producer.get(value)
 

@@ -10,6 +10,11 @@ masked_fill the scores with -inf. Read as an additive mask, the kernel reads Sq 
 - exactly one thing in it varies along the positions: one Trilu node or one constant table whose
   last two axes are triangular; and each node on the way down takes that variation from one input
   only (so no two shifted copies of the triangle make a band, as sliding-window masks do);
+  or else (masks built from position indices, as transformers 5 writes them: Range, GatherND of the
+  query and key indices, LessOrEqual, a packed-sequence check through CumSum) every number in it is
+  small: no constant of magnitude above GENERAL_LIMIT - 3 (sentinels of 2^31 and more, and the fill
+  values, aside), so the probes below, one of them at more positions than any such constant, would
+  see a sliding window's or a chunk's edge;
 - evaluated (onnx's reference evaluator) with every symbolic input dim at 5, then with the symbols
   at distinct sizes (12, 15, 18, ...: a bottom-right mask over different query and key lengths shows
   itself there), it is the top-left causal mask of the scores' [Sq, Sk]: 0 where key j <= query i,
@@ -28,12 +33,15 @@ from .graph import GraphView
 log = logging.getLogger("jitops.onnx")
 
 PROBES = ((5, 0), (12, 3))  # (size, spread): symbol k at size + k * spread (GraphView.at_size)
+GENERAL_LIMIT = 64          # masks without a single triangle: every constant below this - 3, one probe past it
 HIDDEN = -1e4               # an additive mask value at or below this hides its key (exp underflows to 0)
 MAX_NODES = 256
 
 _SHAPE_OPS = {"Constant", "ConstantOfShape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape",
               "Expand", "Cast", "CastLike", "Identity", "Mul", "Add", "Sub", "Div", "Neg", "Max", "Min",
-              "Not", "And", "Or", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Trilu"}
+              "Not", "And", "Or", "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Trilu",
+              # index arithmetic of masks built from positions (transformers 5 under torch.export)
+              "Range", "CumSum", "GatherND", "GatherElements", "Tile", "Mod", "Floor", "Transpose", "Flatten", "Size"}
 _COMPARE = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
 
 
@@ -44,10 +52,17 @@ def causal_mask(view: GraphView, mask: str, scores: str, where: tuple[float, boo
     if where is not None and not where[0] <= HIDDEN:
         return False
     nodes = _subgraph(view, mask)
-    if nodes is None or not _one_triangle(view, nodes, mask):
+    if nodes is None:
         return False
+    probes = _sizes(view)
+    if not _one_triangle(view, nodes, mask):
+        largest = _largest_constant(view, nodes)
+        if largest + 3 > GENERAL_LIMIT or "Trilu" in {n.op_type for n in nodes}:
+            return False
+        if probes != ((0, 0),) and largest + 3 > max(size for size, _ in probes):
+            probes += ((int(largest) + 3, 0),)
     try:
-        return all(_probe(view, nodes, mask, scores, size, where) for size in _sizes(view))
+        return all(_probe(view, nodes, mask, scores, size, where) for size in probes)
     except Exception as exc:       # noqa: BLE001 -- a probe that cannot run proves nothing; keep the mask
         log.debug("causal mask probe of %s failed: %s", mask, exc)
         return False
@@ -67,6 +82,13 @@ def _subgraph(view: GraphView, value: str) -> list[Any] | None:
         if node is None or node.domain not in ("", "ai.onnx") or len(order) >= MAX_NODES:
             return False      # a graph input read as data, a custom op, or too large to be a mask
         if node.op_type == "Shape":
+            # a Shape of a value computed from shapes too (index tensors whose sizes inference leaves
+            # open): take that computation in; of anything else (the model's data), a leaf
+            mark, known = len(order), set(seen)
+            if not visit(node.input[0]):
+                del order[mark:]
+                seen.clear()
+                seen.update(known)
             order.append(node)
             return True
         if node.op_type not in _SHAPE_OPS or any(a.type in (5, 10) for a in node.attribute):
@@ -101,6 +123,25 @@ def _one_triangle(view: GraphView, nodes: list[Any], mask: str) -> bool:
         if inputs:
             varying.update(o for o in n.output if o)
     return mask in varying
+
+
+def _largest_constant(view: GraphView, nodes: list[Any]) -> float:
+    """The largest magnitude of a finite constant the mask's nodes read, sentinels (2^31 and more:
+    slice ends, float32's lowest as a fill) aside; infinity for a table of positions (more than 64 values)."""
+    largest = 0.0
+    for n in nodes:
+        values = [view.constant(i) for i in n.input if i and view.producer.get(i) is None and view.is_constant(i)]
+        if n.op_type == "Constant":
+            values.append(view.constant(n.output[0]))
+        for v in values:
+            if v is None or v.dtype.kind not in "iufb":
+                continue
+            if v.size > 64:
+                return float("inf")
+            a = np.abs(np.asarray(v, dtype=np.float64).ravel())
+            a = a[np.isfinite(a) & (a < 2.0 ** 31)]
+            largest = max(largest, float(a.max(initial=0.0)))
+    return largest
 
 
 def _triangular(table: np.ndarray | None) -> bool:
@@ -138,11 +179,14 @@ def _probe(view: GraphView, nodes: list[Any], mask: str, scores: str, size: tupl
     sq, sk = sq_sk[-2:]
     feeds: dict[str, np.ndarray] = {}
     inputs, inits = [], []
+    produced = {o for n in nodes for o in n.output}
     for n in nodes:
         for i in n.input:
             if not i or i in feeds or view.producer.get(i) is not None and n.op_type != "Shape":
                 continue
             if n.op_type == "Shape":
+                if i in produced:
+                    continue        # computed inside the probe
                 shape = probe.static_shape(i)
                 if shape is None:
                     return False

@@ -1,0 +1,88 @@
+"""Hugging Face transformers decoders and encoders as users export them (torch.export's exporter, the
+default since torch 2.9; tiny configs, random weights): what the rewrite takes, and that the jitops
+kernels (CPU emulator) and the fallback bodies match ORT on the original at sizes the export never saw.
+
+Needs transformers and onnxscript (scripts/setup.sh installs them where it can); skipped without.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")
+
+import jitops.onnx as jo  # noqa: E402
+from jitops.onnx.testing import max_rel_error, ort_session  # noqa: E402
+
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=256)
+
+
+def _model(name: str):
+    if name == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL, num_key_value_heads=2))
+    if name == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**SMALL, num_key_value_heads=2))
+    if name == "mistral":      # a sliding window: not causal at every length
+        return tf.MistralForCausalLM(tf.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=4096))
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256))
+    raise ValueError(name)
+
+
+_exported: dict = {}
+
+
+def _export(name: str, attn: str):
+    if (name, attn) not in _exported:
+        torch.manual_seed(0)
+        m = _model(name)
+        m.config._attn_implementation = attn
+        m.config.use_cache = False
+        batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=200)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(m.eval(), (torch.randint(0, 128, (2, 16)),), dynamo=True, verbose=False,
+                                        input_names=["input_ids"], dynamic_shapes=({0: batch, 1: seq},))
+        _exported[(name, attn)] = onnx.load_from_string(program.model_proto.SerializeToString())
+    return _exported[(name, attn)]
+
+
+def _attention_nodes(model) -> list[tuple[str, int]]:
+    return [(n.op_type, {a.name: a.i for a in n.attribute}.get("is_causal", 0)) for n in model.graph.node
+            if n.domain == jo.DOMAIN and "Attention" in n.op_type]
+
+
+# name -> the attention nodes of the rewrite (two layers each)
+EXPECTED = {"llama": ("Attention", 1), "qwen2": ("Attention", 1), "gpt2": ("AttentionBshd", 1),
+            "mistral": ("MaskedAttention", 0)}
+
+
+@pytest.mark.parametrize("name,attn", [("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa"), ("gpt2", "sdpa"),
+                                       ("gpt2", "eager"), ("mistral", "sdpa")])
+def test_hf_export_is_rewritten_and_matches(name, attn):
+    """Every layer's attention is one node: SDPA's decomposition (its NaN guard after the Softmax)
+    and the eager one alike; the causal mask transformers builds from position indices is proved
+    causal (Mistral's 4096-position sliding window keeps its mask), and Llama / Qwen2's repeat_kv
+    goes into the node where the mask went."""
+    model = _export(name, attn)
+    rw = jo.rewrite(model)
+    assert _attention_nodes(rw) == [EXPECTED[name]] * 2
+    assert "Softmax" not in {n.op_type for n in rw.graph.node}
+    if name in ("llama", "qwen2"):      # repeat_kv taken in: the node reads the 2 kv heads
+        assert "Expand" not in {n.op_type for n in rw.graph.node}
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    for batch, seq in ((1, 5), (3, 37)):
+        ids = np.random.default_rng(batch + seq).integers(0, 128, (batch, seq)).astype(np.int64)
+        ref = ort_session(model).run(None, {"input_ids": ids})[0]
+        got = sess.run(None, {"input_ids": ids})[0]                    # jitops kernels (emulator)
+        fallback = ort_session(rw).run(None, {"input_ids": ids})[0]    # no jitops library: the bodies
+        assert got.shape == ref.shape == (batch, seq, 128)
+        assert max_rel_error(got, ref) < 1e-4 and max_rel_error(fallback, ref) < 1e-4, (batch, seq)
