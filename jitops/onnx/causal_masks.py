@@ -126,8 +126,8 @@ def _one_triangle(view: GraphView, nodes: list[Any], mask: str) -> bool:
 
 
 def _largest_constant(view: GraphView, nodes: list[Any]) -> float:
-    """The largest magnitude of a finite constant the mask's nodes read, sentinels (2^31 and more:
-    slice ends, float32's lowest as a fill) aside; infinity for a table of positions (more than 64 values)."""
+    """The largest magnitude of a finite constant the mask's nodes read, sentinels (2^31 and more: slice
+    ends) and fill values (floats at or below HIDDEN) aside; infinity for a table (more than 64 values)."""
     largest = 0.0
     for n in nodes:
         values = [view.constant(i) for i in n.input if i and view.producer.get(i) is None and view.is_constant(i)]
@@ -138,7 +138,10 @@ def _largest_constant(view: GraphView, nodes: list[Any]) -> float:
                 continue
             if v.size > 64:
                 return float("inf")
-            a = np.abs(np.asarray(v, dtype=np.float64).ravel())
+            x = np.asarray(v, dtype=np.float64).ravel()
+            if v.dtype.kind == "f":
+                x = x[x > HIDDEN]       # fills (float16's lowest, -1e9, -inf) hide keys; they are not positions
+            a = np.abs(x)
             a = a[np.isfinite(a) & (a < 2.0 ** 31)]
             largest = max(largest, float(a.max(initial=0.0)))
     return largest
