@@ -5,8 +5,9 @@ Trilu -> Equal(0) -> Where(-inf, 0) -> Add, and GPT-style models slice a constan
 masked_fill the scores with -inf. Read as an additive mask, the kernel reads Sq x Sk mask values per
 (batch, head) and computes every key tile; with is_causal it skips the tiles above the diagonal
 (about half of the work at prefill) and reads no mask. A mask is taken as causal only when
-- it is computed from shapes and constants alone: every path up from it ends at a Shape node or a
-  constant, through shape and elementwise ops (no Range, no data of any other value);
+- it is computed from shapes and constants alone: every path up from it ends at a Shape node (of
+  the model's data, or of a value computed here) or a constant, through shape, index and elementwise
+  ops (_SHAPE_OPS: no data of any other value, no randomness);
 - exactly one thing in it varies along the positions: one Trilu node or one constant table whose
   last two axes are triangular; and each node on the way down takes that variation from one input
   only (so no two shifted copies of the triangle make a band, as sliding-window masks do);
