@@ -34,6 +34,12 @@ def _model(name: str):
         return tf.MistralForCausalLM(tf.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=4096))
     if name == "gpt2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=256))
+    if name == "gemma":        # multi-query: one kv head
+        return tf.GemmaForCausalLM(tf.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=16))
+    if name == "falcon":       # multi-query, its own attention code
+        return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                                    num_attention_heads=4, multi_query=True,
+                                                    new_decoder_architecture=False))
     raise ValueError(name)
 
 
@@ -62,13 +68,14 @@ def _attention_nodes(model) -> list[tuple[str, int]]:
 
 # name -> the attention nodes of the rewrite (two layers each)
 EXPECTED = {"llama": ("Attention", 1), "qwen2": ("Attention", 1), "gpt2": ("AttentionBshd", 1),
-            "mistral": ("MaskedAttention", 0)}
+            "mistral": ("MaskedAttention", 0), "gemma": ("Attention", 1), "falcon": ("Attention", 1)}
 
 
 @pytest.mark.parametrize("name,attn,dtype", [("llama", "sdpa", "float32"), ("llama", "eager", "float32"),
                                              ("llama", "sdpa", "float16"), ("qwen2", "sdpa", "float32"),
                                              ("gpt2", "sdpa", "float32"), ("gpt2", "eager", "float32"),
-                                             ("mistral", "sdpa", "float32")])
+                                             ("mistral", "sdpa", "float32"), ("gemma", "sdpa", "float32"),
+                                             ("falcon", "sdpa", "float32")])
 def test_hf_export_is_rewritten_and_matches(name, attn, dtype):
     """Every layer's attention is one node: SDPA's decomposition (its NaN guard after the Softmax)
     and the eager one alike; the causal mask transformers builds from position indices is proved
@@ -78,7 +85,7 @@ def test_hf_export_is_rewritten_and_matches(name, attn, dtype):
     rw = jo.rewrite(model)
     assert _attention_nodes(rw) == [EXPECTED[name]] * 2
     assert "Softmax" not in {n.op_type for n in rw.graph.node}
-    if name in ("llama", "qwen2"):      # repeat_kv taken in: the node reads the 2 kv heads
+    if name in ("llama", "qwen2", "gemma", "falcon"):      # repeat_kv taken in: the node reads the kv heads
         assert "Expand" not in {n.op_type for n in rw.graph.node}
     sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
     for batch, seq in ((1, 5), (3, 37)):
