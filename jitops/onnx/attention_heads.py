@@ -9,6 +9,7 @@ unless the whole chain is read by the pattern alone, or by Shapes that die with 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ import numpy as np
 from .graph import GraphView
 from .matchers import Namer, _same_domain
 from .optypes import BSHD_PERM, SBHD_PERM
+
+log = logging.getLogger("jitops.onnx")
 
 
 def _perm(view: GraphView, transpose: Any) -> list[int] | None:
@@ -214,7 +217,12 @@ def _repeated_heads(view: GraphView, value: str, readers: set[int]) -> tuple[str
     if hk is None or d is None or h is None or ys[3] != d or h <= hk or h % hk:
         return None
     from .causal_masks import probe_views
-    for probe in probe_views(view):
+    try:
+        probes = probe_views(view)
+    except Exception as exc:       # noqa: BLE001 -- shapes that cannot be inferred again prove nothing
+        log.debug("repeat_kv probe of %s failed: %s", value, exc)
+        return None
+    for probe in probes:
         px, pe, py = probe.static_shape(x), probe.shape(expand.output[0]), probe.static_shape(value)
         if px is None or py is None or pe is None or len(pe) != 5 \
                 or (pe[0], pe[1], pe[3], pe[4]) != (px[0], hk, px[2], d) or py != (px[0], h, px[2], d):

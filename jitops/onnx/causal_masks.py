@@ -166,7 +166,7 @@ def _sizes(view: GraphView) -> tuple[tuple[int, int], ...]:
 
 def probe_views(view: GraphView) -> list[GraphView]:
     """The graph at each probe's sizes (the view itself when its inputs are static): other proofs
-    from shapes (attention_patterns._repeated_heads) check their dims there too."""
+    from shapes (attention_heads._repeated_heads) check their dims there too."""
     return [view if size == (0, 0) else view.at_size(*size) for size in _sizes(view)]
 
 
