@@ -3,7 +3,8 @@ against the scheduler's pick and SDPA, on the same tensors: where short sequence
 128-row blocks to fill the waves (BERT-base S=128 at batch 32: 384 blocks on 264 slots).
 
 Each schedule is first checked against float64 (jitops' reference) on the first (batch, head) pairs,
-into a NaN-filled output; then timed with CUDA-graph replay, two interleaved passes, best of each.
+into a NaN-filled output; then timed with CUDA-graph replay (median of 5 trials), two interleaved
+passes, the faster pass of each. (The 20:15 data was taken with the best trial instead of the median.)
 
     python3 scripts/device_attention_one_wg.py [--out DIR] [--dtypes float16,bfloat16]
 """
@@ -32,27 +33,15 @@ SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
           ("B=8 H=16 S=2048 D=128", (8, 16, 2048, 128), (8, 16, 2048, 128), False)]
 
 
-def graph_us(fn, reps: int = 20) -> float:
+def graph_us(fn) -> float:
+    """Graph replay, median of 5 trials of 20 calls (the project's Timer)."""
     import torch
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(reps):
-                fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / reps)
-    return best
+
+    from jitops.bench.timing import Timer
+    us = Timer(torch).graph_us(fn, n=20, trials=5)
+    if us is None:
+        raise RuntimeError("CUDA graph capture failed")
+    return us
 
 
 def main() -> int:

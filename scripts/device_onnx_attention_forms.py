@@ -23,27 +23,15 @@ SHAPES = [("gpt2_small_b8_s1024", 8, 12, 12, 1024, 64), ("gpt2_medium_b4_s1024",
           ("llama3_8b_b1_s2048", 1, 32, 8, 2048, 128), ("llama_1b_like_b4_s1024", 4, 16, 4, 1024, 64)]
 
 
-def replay_us(fn, trials: int = 7, reps: int = 20) -> float:
+def replay_us(fn) -> float:
+    """Graph replay, median of 7 trials of 20 calls (the project's Timer)."""
     import torch
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(reps):
-                fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return float(np.median(times))
+
+    from jitops.bench.timing import Timer
+    us = Timer(torch).graph_us(fn, n=20, trials=7)
+    if us is None:
+        raise RuntimeError("CUDA graph capture failed")
+    return us
 
 
 def reference(q, k, v) -> "np.ndarray":
