@@ -43,15 +43,26 @@ def _dead_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool]
     return memo[id(node)]
 
 
+def _readers_die_with(view: GraphView, value: str, gone: set[int], memo: dict[int, bool] | None = None) -> bool:
+    """Every reader of `value` is a node in `gone` (ids) or a Shape that dies with them (_dead_with)."""
+    memo = {} if memo is None else memo
+    return all(id(u) in gone or u.op_type == "Shape" and _dead_with(view, u, gone, memo)
+               for u in view.consumers.get(value, []))
+
+
+def _read_by_pattern(view: GraphView, value: str, pattern: set[int]) -> bool:
+    """`value` is no graph output, one node of the pattern (ids) reads it, and any other reader is a
+    Shape that dies with the pattern."""
+    return value not in view.outputs and sum(id(u) in pattern for u in view.consumers.get(value, [])) == 1 \
+        and _readers_die_with(view, value, pattern)
+
+
 def _from_bshd(view: GraphView, value: str, pattern: set[int]) -> Any | None:
     """The Transpose(perm=[0, 2, 1, 3]) of a 4-D value that makes `value` [B, H, S, D] out of
     [B, S, H, D], when one node of the pattern (ids in `pattern`) reads it and any other reader is a
     Shape that dies with the pattern (torch's SDPA computes its scale from Shape(q)); else None."""
     prod = view.producer.get(value)
-    users, memo = view.consumers.get(value, []), {}
-    if prod is None or prod.op_type != "Transpose" or not _same_domain(prod) or value in view.outputs \
-            or sum(id(u) in pattern for u in users) != 1 \
-            or not all(id(u) in pattern or u.op_type == "Shape" and _dead_with(view, u, pattern, memo) for u in users):
+    if prod is None or prod.op_type != "Transpose" or not _same_domain(prod) or not _read_by_pattern(view, value, pattern):
         return None
     shape = view.shape(prod.input[0])
     return prod if shape is not None and len(shape) == 4 and _perm(view, prod) == list(BSHD_PERM) else None
@@ -115,8 +126,7 @@ def _head_reshapes(view: GraphView, sources: list[str], out: str, pattern: list[
         return None
     # the 4-D values are read by the replaced nodes alone, or by Shape chains that die with them
     gone, memo = {id(n) for n in pattern} | {id(r) for _, r, _, _ in split}, {}
-    if not all(id(u) in gone or (u.op_type == "Shape" and _dead_with(view, u, gone, memo))
-               for x4 in sources for u in view.consumers.get(x4, [])):
+    if not all(_readers_die_with(view, x4, gone, memo) for x4 in sources):
         return None
     h, dv = split[0][2], split[2][3]
     merge = view.only_consumer(out)
@@ -194,10 +204,8 @@ def _repeated_heads(view: GraphView, value: str, readers: set[int]) -> tuple[str
     known and the Expand must keep X's batch and sequence dims: checked on the shapes inferred with
     the symbolic input dims at the causal-mask probes' sizes (a batch broadcast would show there)."""
     reshape = view.producer.get(value)
-    users, memo = view.consumers.get(value, []), {}
-    if reshape is None or reshape.op_type != "Reshape" or not _same_domain(reshape) or value in view.outputs \
-            or sum(id(u) in readers for u in users) != 1 \
-            or not all(id(u) in readers or u.op_type == "Shape" and _dead_with(view, u, readers, memo) for u in users):
+    if reshape is None or reshape.op_type != "Reshape" or not _same_domain(reshape) \
+            or not _read_by_pattern(view, value, readers):
         return None
     expand = view.producer.get(reshape.input[0])
     if expand is None or expand.op_type != "Expand" or not _same_domain(expand) \

@@ -23,7 +23,7 @@ import numpy as np
 from .causal_masks import causal_mask
 from .graph import GraphView
 from .matchers import Candidate, Match, Namer, Rejection, _extra_outputs_used, _same_domain
-from .attention_heads import _dead_with, _head_reshapes, _head_transposes, _mha_heads, _perm, _repeated_heads
+from .attention_heads import _head_reshapes, _head_transposes, _mha_heads, _perm, _readers_die_with, _repeated_heads
 
 log = logging.getLogger("jitops.onnx")
 
@@ -138,9 +138,7 @@ def _flat_transpose(view: GraphView, kt: str) -> tuple[str, list[Any]] | None:
     if inner is None or inner.op_type != "Reshape" or not _same_domain(inner):
         return None
     chain = [outer, t, inner]
-    ids, memo = {id(n) for n in chain}, {}
-    if not all(id(u) in ids or u.op_type == "Shape" and _dead_with(view, u, ids, memo)
-               for u in view.consumers.get(inner.output[0], [])):
+    if not _readers_die_with(view, inner.output[0], {id(n) for n in chain}):
         return None
     k = inner.input[0]
     ks, kts, flat = view.shape(k), view.shape(kt), view.shape(inner.output[0])
