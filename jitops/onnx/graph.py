@@ -81,6 +81,7 @@ class GraphView:
         self.types: dict[str, tuple[Shape | None, str]] = {}
         self._constants: dict[str, np.ndarray] = {}
         self._dim_params: dict[str, tuple[str | None, ...]] = {}    # symbolic dims by name, as onnx inferred them
+        self._sized: dict[tuple[int, int], GraphView] = {}           # at_size's views, by (size, spread)
         self._numpy_helper = numpy_helper
         self._onnx = onnx
         self._read_types(_infer(_without_large_data(with_input_shapes(model, input_shapes))))
@@ -217,7 +218,7 @@ class GraphView:
         """This graph with its symbolic input dims set, shapes inferred again: the k-th distinct symbol
         (by name; an unnamed dim counts as its own) at size + k * spread. Remembered: the causal-mask
         probes ask once per size, whatever the number of attention layers."""
-        views = self.__dict__.setdefault("_sized", {})
+        views = self._sized
         if (size, spread) not in views:
             inputs = [i.name for i in self.graph.input if i.name not in self.initializers and self.shape(i.name)]
             symbols = sorted({p for n in inputs for p in self._dim_params.get(n, ()) if p})
