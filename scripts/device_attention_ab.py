@@ -1,0 +1,146 @@
+"""Explicit fused_wgmma schedules against the scheduler's pick and SDPA on the same tensors (GPU).
+
+Each schedule is first checked against float64 (jitops' reference, the first (batch, head) pairs)
+into a NaN-filled output; then the pick, every variant and SDPA are timed with CUDA-graph replay
+(median of 5 trials of 20 calls), in interleaved passes, the faster pass of each. A variant that
+does not apply to a shape (a ScheduleError) is reported and skipped.
+
+    python3 scripts/device_attention_ab.py --variant g4=groups=4,block_k=64,tma=1,stages=3,release=1 \
+        [--variant ...] [--shapes "B=8 H=16 S=2048 D=128,..."] [--dtypes float16,bfloat16] [--out DIR]
+        [--old-picks FILE]   (each shape's pick at an earlier commit, timed as 'old': see --help)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+# (name, q [B, H, Sq, D], kv [B, Hk, Sk, D], causal): issue 16's four, then real models' prefill.
+SHAPES = [("B=8 H=16 S=2048 D=64", (8, 16, 2048, 64), (8, 16, 2048, 64), False),
+          ("B=8 H=16 S=2048 D=64 causal", (8, 16, 2048, 64), (8, 16, 2048, 64), True),
+          ("B=8 H=16 S=2048 D=128", (8, 16, 2048, 128), (8, 16, 2048, 128), False),
+          ("B=8 H=16 S=2048 D=128 causal", (8, 16, 2048, 128), (8, 16, 2048, 128), True),
+          ("Llama3-8B prefill", (1, 32, 2048, 128), (1, 8, 2048, 128), True),
+          ("SDXL self", (2, 10, 4096, 64), (2, 10, 4096, 64), False),
+          ("GPT-2 causal S=1024", (8, 12, 1024, 64), (8, 12, 1024, 64), True),
+          ("DiT-XL D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),
+          ("Whisper enc S=1500", (1, 20, 1500, 64), (1, 20, 1500, 64), False),
+          ("BERT-base b32 S=384", (32, 12, 384, 64), (32, 12, 384, 64), False),
+          ("SD1.5 self D=40", (2, 8, 4096, 40), (2, 8, 4096, 40), False),
+          ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True),
+          ("D=80 B=4 H=16 S=1024", (4, 16, 1024, 80), (4, 16, 1024, 80), False),
+          ("D=96 B=4 H=16 S=2048", (4, 16, 2048, 96), (4, 16, 2048, 96), False)]
+
+
+def graph_us(fn) -> float:
+    """Graph replay, median of 5 trials of 20 calls (the project's Timer)."""
+    import torch
+
+    from jitops.bench.timing import Timer
+    us = Timer(torch).graph_us(fn, n=20, trials=5)
+    if us is None:
+        raise RuntimeError("CUDA graph capture failed")
+    return us
+
+
+def parse_variant(text: str):
+    """'label=key=value,key=value' -> (label, Schedule of fused_wgmma)."""
+    from jitops.ops.base import Schedule, parse_value
+    label, _, body = text.partition("=")
+    fields = dict(item.split("=", 1) for item in body.split(","))
+    return label, Schedule.make("fused_wgmma", **{k: parse_value(v) for k, v in fields.items()})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", action="append", default=[], help="label=key=value,...")
+    ap.add_argument("--shapes", help="comma-separated shape names (default: all)")
+    ap.add_argument("--dtypes", default="float16")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--old-picks", help="JSON {shape name: {param: value}}: each shape's earlier pick, timed as 'old'")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    import torch
+
+    import jitops
+    from jitops.errors import CompileError, ScheduleError
+    from jitops.ops import get_op
+    from jitops.ops.attention_problem import reference
+    from jitops.ops.base import TensorSpec
+    op = get_op("attention")
+    device = jitops.get_backend().device
+    from jitops.ops.base import Schedule
+    variants = [parse_variant(v) for v in args.variant]
+    old_picks = json.load(open(args.old_picks)) if args.old_picks else {}
+    wanted = set(args.shapes.split(",")) if args.shapes else None
+    rows, failures = [], 0
+    for dtype in args.dtypes.split(","):
+        tdt = getattr(torch, dtype)
+        for name, qs, kvs, causal in SHAPES:
+            if wanted and name not in wanted:
+                continue
+            specs = {"q": TensorSpec(qs, dtype), "k": TensorSpec(kvs, dtype), "v": TensorSpec(kvs, dtype), "mask": None}
+            p = op.make_problem(specs, {"causal": causal})
+            scheds = [("pick", op.heuristic(p, device))] + variants
+            if old_picks and name in old_picks:
+                scheds.append(("old", Schedule.make("fused_wgmma", **old_picks[name])))
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, kvs, kvs))
+            hk = max(1, 2 * kvs[1] // qs[1])     # the kv heads of q heads 0, 1 (GQA)
+            sub = {"q": q[:1, :2].float().cpu().numpy(), "k": k[:1, :hk].float().cpu().numpy(),
+                   "v": v[:1, :hk].float().cpu().numpy()}
+            p_sub = op.make_problem({n: TensorSpec(a.shape, dtype) for n, a in sub.items()} | {"mask": None},
+                                    {"causal": causal})
+            ref = reference(p_sub, sub)["out"]
+            row = {"shape": name, "dtype": dtype, "schedules": {lab: str(s) for lab, s in scheds}}
+            runnable = []
+            for label, sched in scheds:
+                out = torch.full(qs, float("nan"), device="cuda", dtype=tdt)
+                try:
+                    jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+                except (ScheduleError, CompileError) as e:
+                    row[f"{label}_skipped"] = str(e)[:2000]
+                    print(f"{name} {label}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+                    continue
+                torch.cuda.synchronize()
+                err = float(np.nanmax(np.abs(out[:1, :2].double().cpu().numpy() - ref)))
+                ok = bool(np.isfinite(out.float().cpu().numpy()).all()) and err < (2e-2 if dtype == "bfloat16" else 4e-3)
+                row[f"{label}_err"], row[f"{label}_ok"] = err, ok
+                failures += not ok
+                if ok:
+                    runnable.append((label, sched))
+            kk, vv = k, v
+            if kvs[1] != qs[1]:
+                kk, vv = (t.repeat_interleave(qs[1] // kvs[1], 1) for t in (k, v))
+            times = {label: [] for label, _ in runnable} | {"sdpa": []}
+            for _ in range(args.passes):
+                for label, sched in runnable:
+                    times[label].append(graph_us(lambda: jitops.attention(q, k, v, causal=causal, schedule=sched)))
+                times["sdpa"].append(graph_us(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, kk, vv, is_causal=causal)))
+            row["us"] = {key: min(ts) for key, ts in times.items()}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(args.out, "attention_ab.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+                   "rows": rows}, f, indent=1)
+    labels = ["pick"] + [lab for lab, _ in variants] + (["old"] if old_picks else [])
+    print(f"{'shape':30} {'dtype':9} " + " ".join(f"{lab:>9}" for lab in labels) + f" {'sdpa':>9}   vs SDPA (best)")
+    for r in rows:
+        us = r["us"]
+        cells = " ".join(f"{us[lab]:9.1f}" if lab in us else f"{'-':>9}" for lab in labels)
+        timed = [us[lab] for lab in labels if lab in us]
+        ratios = (f"pick {us['sdpa'] / us['pick']:.3f}" if "pick" in us else "pick -") + \
+            (f"  best {us['sdpa'] / min(timed):.3f}" if timed else "")
+        print(f"{r['shape']:30} {r['dtype']:9} {cells} {us['sdpa']:9.1f}   {ratios}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
