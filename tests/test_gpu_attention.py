@@ -314,14 +314,23 @@ def test_wgmma_lazy_rescale(dtype, d):
     ramp = torch.tensor([1.05 ** (j // 64) * (4.0 if j >= 256 else 1.0) * (4.0 if j >= 512 else 1.0)
                          for j in range(700)], device="cuda")
     k = (k * ramp[None, None, :, None]).to(dtype)      # scaled scores up to ~100: log2 steps of 1-60
+    bounded = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, bounded=1, **extra)
+               for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (4, 64, {"stages": 3, "release": 1}))]
     scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra)
                        for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (3, 64, {}))]
     scheds += [Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1),
-               Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3)]
+               Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3)] + bounded
     for sched in scheds:
         check(q, k, v, schedule=sched or "fused_wgmma")
         check(q, k, v, causal="bottom_right", schedule=sched or "fused_wgmma")
         check(q, k, v, causal=True, schedule=sched or "fused_wgmma")
+    # bounded=1 takes no max on tiles after the first: a rise of ~150 log2 units at key 448 makes its
+    # probabilities overflow fp32 (inf) against the old max, which must send the tile back through S
+    jump = torch.tensor([1.0 if j < 448 else 48.0 for j in range(700)], device="cuda")
+    k2 = (randn(1, 4, 700, d) * jump[None, None, :, None]).to(dtype)
+    for sched in [None] + bounded:
+        check(q, k2, v, schedule=sched or "fused_wgmma")
+        check(q, k2, v, causal="bottom_right", schedule=sched or "fused_wgmma")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

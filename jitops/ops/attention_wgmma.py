@@ -14,6 +14,8 @@ D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized lo
 the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
 loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
 0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
+2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`) and
+runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`): 1.02-1.18x the earlier picks.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ GROUPS = (2, 3)
 # The plain TMA loop also runs one warpgroup of 64 rows per block (up to 4 blocks per SM), by an
 # explicit schedule only: H100, 2026-11-26 20:15, 0.57-1.03x the picks from BERT b32 S=128 up; 1.17x on
 # BERT b8 S=128, which stays on fused_mma for its eager host cost (preferred()); docs/performance.md.
-PLAIN_GROUPS = (1, 2, 3)
+# Four warpgroups (256 query rows, 512 threads at 128 registers, one block per SM) share each K/V tile:
+# the scheduler's pick for head dims that are not whole 32-byte sectors per row (see plain_tma_tiles).
+PLAIN_GROUPS = (1, 2, 3, 4)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
 
@@ -66,6 +70,12 @@ def registers(d: int, block_k: int) -> int:
 def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False,
          tma: bool = False) -> bool:
     threads = 128 * (groups + producer)
+    if tma and not producer and groups == 4:
+        # 512 threads get 128 registers each: NVRTC 13.5 fits 64-key tiles up to DP = 128 in 91-125
+        # without spills (the estimate below says 152 at DP = 128); 128-key tiles at DP = 128 fail
+        return (block_k == 64 and padded_dim(d) <= 128 and threads <= device.max_threads_per_block
+                and 128 * threads <= device.registers_per_multiprocessor
+                and shared_bytes(d, groups, block_k, stages, tma) <= device.shared_per_block_optin)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads < device.registers_per_multiprocessor   # 512 x 128: spills
             and registers(d, block_k) <= 255
@@ -133,6 +143,20 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
     return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * _tile_use(p.sk, t[1]))
 
 
+def bounded_exp(p: AttentionProblem) -> bool:
+    """Whether the plain TMA loop skips the running max on key tiles after the first (bounded=1:
+    probabilities against the max as it stands while every row sum of a thread stays <= 2^15; else S
+    runs again with the full step). It removes the per-score max and the row reductions, a third of
+    the softmax's instructions. H100, 2026-11-26 22:04 and 22:07, two runs, same process as the picks
+    without it (scripts/device_attention_ab.py, fp16 / bf16): SDXL 1.07-1.09x, Llama-3 prefill
+    1.07-1.08x, D = 80 / 96 1.03-1.09x, Whisper 1.04x, GPT-2 causal 1.03x, B=8 H=16 S=2048 D=64 1.01-1.02x
+    and causal D = 128 1.00-1.03x; without causal masking at DP = 128 0.95-0.99x, so not there (nor
+    above 128 without it: not measured). A third run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
+    Masks and negative scales check every tile, so it would never apply."""
+    dp = padded_dim(p.d)
+    return not p.has_mask and p.scale > 0 and (dp <= 112 or p.causal != "none")
+
+
 def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
     """(groups, block_k, release) of the plain loop with TMA loads (no producer warpgroup, thread 0
     issues, two buffers), where it is the pick, else None. H100, 2026-11-25, fp16, one run of every tile
@@ -158,6 +182,17 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
 
 
+def four_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
+    """Whether the plain TMA loop runs 4 warpgroups of 64-key tiles on a ring of 3 released buffers: head
+    dims whose rows are not whole 32-byte sectors (D = 40: 80-byte rows, D = 72: 144), where each K/V
+    tile costs more to load and four warpgroups share it. H100, 2026-11-26 (scripts/device_attention_ab.py,
+    same process): DiT-XL D = 72 1.17-1.20x the 2-warpgroup pick (fp16 / bf16, three runs), SD 1.5 D = 40
+    1.10-1.11x (one run); at D = 80 0.95-1.0x, D = 96 0.96x, D = 64 / 128 0.64-1.0x, so not there. All
+    without masks (with one the checked softmax runs on every tile: not measured)."""
+    return (not p.has_mask and padded_dim(p.d) <= 128 and (p.d * 2) % 32 != 0
+            and fits(p.d, 4, 64, device, 3, False, True))
+
+
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
     reason = why_not(p, device)
@@ -167,13 +202,20 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     plain = plain_tma_tiles(p, device)
     if plain:
         groups, bk, release = plain
+        ring = 2
+        if four_groups(p, device):
+            groups, bk, release, ring = 4, 64, True, 3
+        bounded = bounded_exp(p)
         blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
-        smem = shared_bytes(p.d, groups, bk, 2, True)
+        smem = shared_bytes(p.d, groups, bk, ring, True)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
-               f"rows, S = QK^T and O += PV by wgmma (P from registers), 2 K/V buffers of {bk} keys loaded by TMA "
+               f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffers of {bk} keys loaded by TMA "
                f"into the 128-byte swizzle" + (", released per warp on mbarriers" if release else "")
+               + (", no running max while the probabilities stay bounded" if bounded else "")
                + f" ({smem // 1024} KiB shared); {blocks} blocks")
-        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1, **({"release": 1} if release else {}))
+        return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1,
+                             **({"stages": ring} if ring != 2 else {}), **({"release": 1} if release else {}),
+                             **({"bounded": 1} if bounded else {}))
     tma = tma_tiles(p, device)
     if tma is None:
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
@@ -197,6 +239,13 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **({"stages": r} if r != 2 else {}), **rel)
              for rel in ({}, {"release": 1}) for g in GROUPS for bk in BLOCK_KS for r in RINGS
              if fits(p.d, g, bk, device, r, False, True)]
+    if not p.has_mask and p.scale > 0:      # the scheduler's plain tiles, and 4 warpgroups, without the running max
+        pick = plain_tma_tiles(p, device)
+        rel = {"release": 1} if (pick[2] if pick else p.causal != "none") else {}
+        plain += [Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1, bounded=1, **rel)
+                  for bk in BLOCK_KS if fits(p.d, 2, bk, device, 2, False, True)]
+        if fits(p.d, 4, 64, device, 3, False, True):
+            plain.append(Schedule.make("fused_wgmma", groups=4, block_k=64, tma=1, stages=3, release=1, bounded=1))
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                    for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True, True)]
     return specialized + plain
@@ -211,9 +260,12 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     stages, producer = int(schedule.get("stages", 2)), bool(int(schedule.get("producer", 0)))
     tma = bool(int(schedule.get("tma", 0)))
     release = bool(int(schedule.get("release", 0)))
+    bounded = bool(int(schedule.get("bounded", 0)))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
     if release and (producer or not tma):
         raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
+    if bounded and (producer or not tma):
+        raise ScheduleError("attention fused_wgmma: bounded=1 is an option of the plain TMA loop (tma=1, producer=0)")
     allowed = PLAIN_GROUPS if tma and not producer else GROUPS
     if groups not in allowed or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
@@ -242,7 +294,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     params = {**common, "head_dim": p.d, "groups": groups, "block_k": bk, "threads": threads, "stages": stages,
               "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
-              "release": release}
+              "release": release, "bounded": bounded}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:
