@@ -485,15 +485,16 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
 
 def test_scheduler_skips_the_running_max_where_it_measured_faster():
     """sm_90, the plain TMA loop: bounded=1 (no max on key tiles after the first while the
-    probabilities stay bounded) up to DP = 112, and at DP = 128 with causal masking only (without it
-    the H100 ran it 0.95-0.99x); never with a mask or above 128. D = 72 (rows not whole 32-byte
-    sectors): 4 warpgroups on a released ring of 3 buffers."""
+    probabilities stay bounded) on two warpgroups up to DP = 112 and with causal masking above (without
+    it the H100 ran it 0.95-0.99x at DP = 128, where 3 warpgroups of 128-key tiles take it instead);
+    never with a mask. D = 40 / 72 (rows not whole 32-byte sectors): 4 warpgroups on a released ring
+    of 3 buffers."""
     from jitops.device import KNOWN_TARGETS
     h100 = KNOWN_TARGETS["sm_90"]
     for q, kv, causal, mask, bounded in (((8, 16, 2048, 64), (8, 16, 2048, 64), False, False, True),
                                          ((8, 16, 2048, 64), (8, 16, 2048, 64), True, False, True),
                                          ((4, 16, 2048, 96), (4, 16, 2048, 96), False, False, True),
-                                         ((8, 16, 2048, 128), (8, 16, 2048, 128), False, False, False),
+                                         ((8, 16, 2048, 128), (8, 16, 2048, 128), False, True, False),
                                          ((1, 32, 2048, 128), (1, 8, 2048, 128), True, False, True),
                                          ((2, 8, 4096, 48), (2, 8, 4096, 48), False, True, False),
                                          ((1, 16, 2048, 256), (1, 16, 2048, 256), True, False, True),
@@ -501,6 +502,14 @@ def test_scheduler_skips_the_running_max_where_it_measured_faster():
         s = op.heuristic(_hopper_problem(q, kv, "float16", causal, mask), h100)
         assert bool(s.get("bounded", 0)) == bounded and ("no running max" in s.why) == bounded, (q, s)
         assert s["groups"] == 2, s
+    # D = 128 without causal masking: 3 warpgroups of 128-key tiles, released, bounded; not where the
+    # 192-row tiles would be a third padding (S = 256) or too few blocks fill the SMs
+    for q, three in (((8, 16, 2048, 128), True), ((1, 24, 4096, 128), True), ((8, 16, 256, 128), False),
+                     ((1, 2, 2048, 128), False)):
+        s = op.heuristic(_hopper_problem(q, q), h100)
+        got = (s["groups"], s["block_k"], s.get("release", 0), s.get("bounded", 0))
+        assert (got == (3, 128, 1, 1)) == three and (three or got[:2] == (2, 64)), (q, s)
+        assert ("3 warpgroups" in s.why) == three, s.why
     for q in ((4, 16, 1024, 72), (2, 8, 4096, 40)):    # DiT-XL, SD 1.5: 144- and 80-byte rows
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert (s["groups"], s["block_k"], s["stages"], s["release"], s["bounded"]) == (4, 64, 3, 1, 1), s

@@ -315,7 +315,8 @@ def test_wgmma_lazy_rescale(dtype, d):
                          for j in range(700)], device="cuda")
     k = (k * ramp[None, None, :, None]).to(dtype)      # scaled scores up to ~100: log2 steps of 1-60
     bounded = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, bounded=1, **extra)
-               for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (4, 64, {"stages": 3, "release": 1}))]
+               for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (4, 64, {"stages": 3, "release": 1}),
+                                    (3, 128, {"release": 1}))]
     scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra)
                        for g, bk, extra in ((2, 64, {}), (2, 128, {"release": 1}), (3, 64, {}))]
     scheds += [Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1),

@@ -14,8 +14,9 @@ D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized lo
 the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
 loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
 0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
-2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`) and
-runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`): 1.02-1.18x the earlier picks.
+2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`),
+runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`) and 3 warpgroups of 128-key
+tiles at D = 128 without causal masking (`three_groups`): 1.02-1.18x the earlier picks.
 """
 from __future__ import annotations
 
@@ -70,11 +71,14 @@ def registers(d: int, block_k: int) -> int:
 def fits(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, producer: bool = False,
          tma: bool = False) -> bool:
     threads = 128 * (groups + producer)
-    if tma and not producer and groups == 4:
-        # 512 threads get 128 registers each: NVRTC 13.5 fits 64-key tiles up to DP = 128 in 91-125
-        # without spills (the estimate below says 152 at DP = 128); 128-key tiles at DP = 128 fail
-        return (block_k == 64 and padded_dim(d) <= 128 and threads <= device.max_threads_per_block
-                and 128 * threads <= device.registers_per_multiprocessor
+    if tma and not producer and groups >= 3 and padded_dim(d) <= 128:
+        # One block of 3-4 warpgroups with the whole register file (168 / 128 registers per thread):
+        # the accumulators (S, O, packed P) must leave 8. NVRTC 13.5: 4 x 64-key tiles at DP = 128 in
+        # 125 registers, 3 x 128-key tiles at DP = 128 in 158-162, no spills; 4 x 128-key tiles at
+        # DP = 128 fail to allocate (the rough estimate below is for the loops with a producer).
+        cap = min(255, device.registers_per_multiprocessor // threads // 8 * 8)
+        return (threads <= device.max_threads_per_block
+                and block_k // 2 + padded_dim(d) // 2 + block_k // 4 <= cap - 8
                 and shared_bytes(d, groups, block_k, stages, tma) <= device.shared_per_block_optin)
     return (threads <= device.max_threads_per_block
             and registers(d, block_k) * threads < device.registers_per_multiprocessor   # 512 x 128: spills
@@ -151,7 +155,8 @@ def bounded_exp(p: AttentionProblem) -> bool:
     without it (scripts/device_attention_ab.py, fp16 / bf16): SDXL 1.07-1.09x, Llama-3 prefill
     1.07-1.08x, D = 80 / 96 1.03-1.09x, Whisper 1.04x, GPT-2 causal 1.03x, B=8 H=16 S=2048 D=64 1.01-1.02x
     and causal D = 128 1.00-1.03x; without causal masking at DP = 128 0.95-0.99x, so not there (nor
-    above 128 without it: not measured). A third run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
+    above 128 without it: not measured; at DP = 128 `three_groups` takes it with 128-key tiles). A third
+    run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
     Masks and negative scales check every tile, so it would never apply."""
     dp = padded_dim(p.d)
     return not p.has_mask and p.scale > 0 and (dp <= 112 or p.causal != "none")
@@ -193,6 +198,20 @@ def four_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
             and fits(p.d, 4, 64, device, 3, False, True))
 
 
+def three_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
+    """Whether the plain TMA loop runs 3 warpgroups of 128-key tiles (one block per SM, 158-162
+    registers), released per warp and with the bounded softmax step: DP = 128 without causal masking or
+    a mask, where 64-key tiles at two blocks per SM read Q and K from shared memory at its full rate.
+    H100, 2026-11-26 22:45 / 22:50 (scripts/device_attention_ab.py, same process as the pick): B=8 H=16
+    S=2048 D=128 1.07x / 1.05x fp16, 1.02x bf16; Flux / SD3 (H=24 S=4096) 1.05x fp16, 1.04x bf16. Slower
+    with causal masking (0.83x), at DP <= 96 (0.79-0.94x), without release (0.86x) or the bounded step.
+    Only where the 192-row and 128-key tiles are mostly real and the blocks fill a wave."""
+    blocks = p.batch * p.heads * ceil_div(p.sq, 192)
+    return (padded_dim(p.d) == 128 and p.causal == "none" and not p.has_mask and p.scale > 0
+            and _tile_use(p.sq, 192) >= 0.9 and _tile_use(p.sk, 128) >= 0.9
+            and blocks >= device.multiprocessors and fits(p.d, 3, 128, device, 2, False, True))
+
+
 def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     """The scheduler's fused_wgmma tiles, with the reasons in `why`."""
     reason = why_not(p, device)
@@ -203,9 +222,11 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     if plain:
         groups, bk, release = plain
         ring = 2
+        bounded = bounded_exp(p)
         if four_groups(p, device):
             groups, bk, release, ring = 4, 64, True, 3
-        bounded = bounded_exp(p)
+        elif three_groups(p, device):
+            groups, bk, release, bounded = 3, 128, True, True
         blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
         smem = shared_bytes(p.d, groups, bk, ring, True)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
