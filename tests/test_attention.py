@@ -510,10 +510,12 @@ def test_scheduler_skips_the_running_max_where_it_measured_faster():
         got = (s["groups"], s["block_k"], s.get("release", 0), s.get("bounded", 0))
         assert (got == (3, 128, 1, 1)) == three and (three or got[:2] == (2, 64)), (q, s)
         assert ("3 warpgroups" in s.why) == three, s.why
+        assert s in op.candidates(_hopper_problem(q, q), h100), s      # the tuner times the pick too
     for q in ((4, 16, 1024, 72), (2, 8, 4096, 40)):    # DiT-XL, SD 1.5: 144- and 80-byte rows
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert (s["groups"], s["block_k"], s["stages"], s["release"], s["bounded"]) == (4, 64, 3, 1, 1), s
         assert "4 warpgroups" in s.why and "3 K/V buffers" in s.why, s.why
+        assert s in op.candidates(_hopper_problem(q, q), h100), s
     p = _hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64))
     assert any(c.get("bounded", 0) for c in op.candidates(p, h100))
     with pytest.raises(ScheduleError, match="bounded=1 is an option of the plain TMA loop"):

@@ -35,7 +35,7 @@ GROUPS = (2, 3)
 # explicit schedule only: H100, 2026-11-26 20:15, 0.57-1.03x the picks from BERT b32 S=128 up; 1.17x on
 # BERT b8 S=128, which stays on fused_mma for its eager host cost (preferred()); docs/performance.md.
 # Four warpgroups (256 query rows, 512 threads at 128 registers, one block per SM) share each K/V tile:
-# the scheduler's pick for head dims that are not whole 32-byte sectors per row (see plain_tma_tiles).
+# the scheduler's pick for head dims whose rows are not whole 32-byte sectors (four_groups).
 PLAIN_GROUPS = (1, 2, 3, 4)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
@@ -267,6 +267,8 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
                   for bk in BLOCK_KS if fits(p.d, 2, bk, device, 2, False, True)]
         if fits(p.d, 4, 64, device, 3, False, True):
             plain.append(Schedule.make("fused_wgmma", groups=4, block_k=64, tma=1, stages=3, release=1, bounded=1))
+        if fits(p.d, 3, 128, device, 2, False, True):
+            plain.append(Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1))
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                    for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True, True)]
     return specialized + plain
