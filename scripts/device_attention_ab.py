@@ -50,6 +50,32 @@ def graph_us(fn) -> float:
     return us
 
 
+def first_heads_reference(q, k, v, causal: bool, dtype: str):
+    """float64 output (jitops' reference) of batch 0, query heads 0 and 1, with the kv heads they read."""
+    from jitops.ops import get_op
+    from jitops.ops.attention_problem import reference
+    from jitops.ops.base import TensorSpec
+    hk = max(1, 2 * k.shape[1] // q.shape[1])     # the kv heads of q heads 0, 1 (GQA)
+    sub = {"q": q[:1, :2].float().cpu().numpy(), "k": k[:1, :hk].float().cpu().numpy(),
+           "v": v[:1, :hk].float().cpu().numpy()}
+    p_sub = get_op("attention").make_problem({n: TensorSpec(a.shape, dtype) for n, a in sub.items()} | {"mask": None},
+                                             {"causal": causal})
+    return reference(p_sub, sub)["out"]
+
+
+def checked_error(q, k, v, causal: bool, dtype: str, schedule, ref) -> tuple[float, bool]:
+    """(max error against ref, within tolerance with the whole output finite) of one schedule, run into a
+    NaN-filled output. Raises ScheduleError / CompileError where the schedule does not apply."""
+    import torch
+
+    import jitops
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype)
+    jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule)
+    torch.cuda.synchronize()
+    err = float(np.nanmax(np.abs(out[:1, :2].double().cpu().numpy() - ref)))
+    return err, bool(np.isfinite(out.float().cpu().numpy()).all()) and err < (2e-2 if dtype == "bfloat16" else 4e-3)
+
+
 def parse_variant(text: str):
     """'label=key=value,key=value' -> (label, Schedule of fused_wgmma)."""
     from jitops.ops.base import Schedule, parse_value
@@ -72,11 +98,9 @@ def main() -> int:
     import jitops
     from jitops.errors import CompileError, ScheduleError
     from jitops.ops import get_op
-    from jitops.ops.attention_problem import reference
-    from jitops.ops.base import TensorSpec
+    from jitops.ops.base import Schedule, TensorSpec
     op = get_op("attention")
     device = jitops.get_backend().device
-    from jitops.ops.base import Schedule
     variants = [parse_variant(v) for v in args.variant]
     old_picks = json.load(open(args.old_picks)) if args.old_picks else {}
     wanted = set(args.shapes.split(",")) if args.shapes else None
@@ -93,25 +117,16 @@ def main() -> int:
                 scheds.append(("old", Schedule.make("fused_wgmma", **old_picks[name])))
             g = torch.Generator(device="cuda").manual_seed(1)
             q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, kvs, kvs))
-            hk = max(1, 2 * kvs[1] // qs[1])     # the kv heads of q heads 0, 1 (GQA)
-            sub = {"q": q[:1, :2].float().cpu().numpy(), "k": k[:1, :hk].float().cpu().numpy(),
-                   "v": v[:1, :hk].float().cpu().numpy()}
-            p_sub = op.make_problem({n: TensorSpec(a.shape, dtype) for n, a in sub.items()} | {"mask": None},
-                                    {"causal": causal})
-            ref = reference(p_sub, sub)["out"]
+            ref = first_heads_reference(q, k, v, causal, dtype)
             row = {"shape": name, "dtype": dtype, "schedules": {lab: str(s) for lab, s in scheds}}
             runnable = []
             for label, sched in scheds:
-                out = torch.full(qs, float("nan"), device="cuda", dtype=tdt)
                 try:
-                    jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+                    err, ok = checked_error(q, k, v, causal, dtype, sched, ref)
                 except (ScheduleError, CompileError) as e:
                     row[f"{label}_skipped"] = str(e)[:2000]
                     print(f"{name} {label}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
                     continue
-                torch.cuda.synchronize()
-                err = float(np.nanmax(np.abs(out[:1, :2].double().cpu().numpy() - ref)))
-                ok = bool(np.isfinite(out.float().cpu().numpy()).all()) and err < (2e-2 if dtype == "bfloat16" else 4e-3)
                 row[f"{label}_err"], row[f"{label}_ok"] = err, ok
                 failures += not ok
                 if ok:

@@ -16,9 +16,9 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from device_attention_ab import checked_error, first_heads_reference, graph_us  # noqa: E402
 
 # (name, q [B, H, Sq, D], kv [B, Hk, Sk, D], causal)
 SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
@@ -33,17 +33,6 @@ SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
           ("B=8 H=16 S=2048 D=128", (8, 16, 2048, 128), (8, 16, 2048, 128), False)]
 
 
-def graph_us(fn) -> float:
-    """Graph replay, median of 5 trials of 20 calls (the project's Timer)."""
-    import torch
-
-    from jitops.bench.timing import Timer
-    us = Timer(torch).graph_us(fn, n=20, trials=5)
-    if us is None:
-        raise RuntimeError("CUDA graph capture failed")
-    return us
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -53,7 +42,6 @@ def main() -> int:
 
     import jitops
     from jitops.ops import get_op
-    from jitops.ops.attention_problem import reference
     from jitops.ops.base import Schedule, TensorSpec
     op = get_op("attention")
     device = jitops.get_backend().device
@@ -71,18 +59,10 @@ def main() -> int:
                                 **({"release": 1} if causal and small_d else {}))
             g = torch.Generator(device="cuda").manual_seed(1)
             q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, kvs, kvs))
-            sub = {"q": q[:1, :2].float().cpu().numpy(), "k": k[:1, :2].float().cpu().numpy(),
-                   "v": v[:1, :2].float().cpu().numpy()}
-            p_sub = op.make_problem({n: TensorSpec(a.shape, dtype) for n, a in sub.items()} | {"mask": None},
-                                    {"causal": causal})
-            ref = reference(p_sub, sub)["out"]
+            ref = first_heads_reference(q, k, v, causal, dtype)
             row = {"shape": name, "dtype": dtype, "pick": str(pick), "one_wg": str(one)}
             for label, sched in (("pick", pick), ("one_wg", one)):
-                out = torch.full(qs, float("nan"), device="cuda", dtype=tdt)
-                jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
-                torch.cuda.synchronize()
-                err = float(np.nanmax(np.abs(out[:1, :2].double().cpu().numpy() - ref)))
-                ok = bool(np.isfinite(out.float().cpu().numpy()).all()) and err < (2e-2 if dtype == "bfloat16" else 4e-3)
+                err, ok = checked_error(q, k, v, causal, dtype, sched, ref)
                 row[f"{label}_err"], row[f"{label}_ok"] = err, ok
                 failures += not ok
             times = {"pick": [], "one_wg": [], "sdpa": []}
