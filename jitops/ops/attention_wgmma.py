@@ -147,6 +147,12 @@ def tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, int] |
     return max(options, key=lambda t: gain[t[0]] * _occupancy(p, t[0], device) * _tile_use(p.sk, t[1]))
 
 
+def _tiles_unchecked(p: AttentionProblem) -> bool:
+    """Whether key tiles inside the bounds skip the checked softmax (the template's checked_always is
+    the opposite: a mask, or a scale <= 0, checks every tile); bounded=1 acts only on such tiles."""
+    return not p.has_mask and p.scale > 0
+
+
 def bounded_exp(p: AttentionProblem) -> bool:
     """Whether the plain TMA loop skips the running max on key tiles after the first (bounded=1:
     probabilities against the max as it stands while every row sum of a thread stays <= 2^15; else S
@@ -159,7 +165,7 @@ def bounded_exp(p: AttentionProblem) -> bool:
     run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
     Masks and negative scales check every tile, so it would never apply."""
     dp = padded_dim(p.d)
-    return not p.has_mask and p.scale > 0 and (dp <= 112 or p.causal != "none")
+    return _tiles_unchecked(p) and (dp <= 112 or p.causal != "none")
 
 
 def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
@@ -207,7 +213,7 @@ def three_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
     with causal masking (0.83x), at DP <= 96 (0.79-0.94x), without release (0.86x) or the bounded step.
     Only where the 192-row and 128-key tiles are mostly real and the blocks fill a wave."""
     blocks = p.batch * p.heads * ceil_div(p.sq, 192)
-    return (padded_dim(p.d) == 128 and p.causal == "none" and not p.has_mask and p.scale > 0
+    return (padded_dim(p.d) == 128 and p.causal == "none" and _tiles_unchecked(p)
             and _tile_use(p.sq, 192) >= 0.9 and _tile_use(p.sk, 128) >= 0.9
             and blocks >= device.multiprocessors and fits(p.d, 3, 128, device, 2, False, True))
 
@@ -260,7 +266,7 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **({"stages": r} if r != 2 else {}), **rel)
              for rel in ({}, {"release": 1}) for g in GROUPS for bk in BLOCK_KS for r in RINGS
              if fits(p.d, g, bk, device, r, False, True)]
-    if not p.has_mask and p.scale > 0:      # the scheduler's plain tiles, and 4 warpgroups, without the running max
+    if _tiles_unchecked(p):      # the scheduler's plain tiles, and 4 warpgroups, without the running max
         pick = plain_tma_tiles(p, device)
         rel = {"release": 1} if (pick[2] if pick else p.causal != "none") else {}
         plain += [Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1, bounded=1, **rel)
@@ -285,10 +291,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     release = bool(int(schedule.get("release", 0)))
     bounded = bool(int(schedule.get("bounded", 0)))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
-    if release and (producer or not tma):
-        raise ScheduleError("attention fused_wgmma: release=1 is an option of the plain TMA loop (tma=1, producer=0)")
-    if bounded and (producer or not tma):
-        raise ScheduleError("attention fused_wgmma: bounded=1 is an option of the plain TMA loop (tma=1, producer=0)")
+    for name, on in (("release", release), ("bounded", bounded)):
+        if on and (producer or not tma):
+            raise ScheduleError(f"attention fused_wgmma: {name}=1 is an option of the plain TMA loop (tma=1, producer=0)")
     allowed = PLAIN_GROUPS if tma and not producer else GROUPS
     if groups not in allowed or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
