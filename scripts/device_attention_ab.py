@@ -77,11 +77,22 @@ def checked_error(q, k, v, causal: bool, dtype: str, schedule, ref) -> tuple[flo
 
 
 def parse_variant(text: str):
-    """'label=key=value,key=value' -> (label, Schedule of fused_wgmma)."""
+    """'label=key=value,key=value' -> (label, Schedule of fused_wgmma); 'label=pick:key=value,...' -> (label,
+    the fields to lay over each shape's pick)."""
     from jitops.ops.base import Schedule, parse_value
     label, _, body = text.partition("=")
-    fields = dict(item.split("=", 1) for item in body.split(","))
-    return label, Schedule.make("fused_wgmma", **{k: parse_value(v) for k, v in fields.items()})
+    over_pick = body.startswith("pick:")
+    fields = dict(item.split("=", 1) for item in body.removeprefix("pick:").split(","))
+    values = {k: parse_value(v) for k, v in fields.items()}
+    return label, (values if over_pick else Schedule.make("fused_wgmma", **values))
+
+
+def resolve(variant, pick):
+    """A variant's schedule for one shape: its own, or the pick with the variant's fields laid over it."""
+    from jitops.ops.base import Schedule
+    if isinstance(variant, dict):
+        return Schedule.make(pick.algorithm, **(pick.as_dict()["params"] | variant))
+    return variant
 
 
 def main() -> int:
@@ -112,7 +123,8 @@ def main() -> int:
                 continue
             specs = {"q": TensorSpec(qs, dtype), "k": TensorSpec(kvs, dtype), "v": TensorSpec(kvs, dtype), "mask": None}
             p = op.make_problem(specs, {"causal": causal})
-            scheds = [("pick", op.heuristic(p, device))] + variants
+            pick = op.heuristic(p, device)
+            scheds = [("pick", pick)] + [(label, resolve(v, pick)) for label, v in variants]
             if old_picks and name in old_picks:
                 scheds.append(("old", Schedule.make("fused_wgmma", **old_picks[name])))
             g = torch.Generator(device="cuda").manual_seed(1)
