@@ -213,18 +213,29 @@ class BoundPlan:
         source = {n: n_io + k for k, n in enumerate(derived_names)}
         source.update({n: n_io + len(derived_names) + k for k, n in enumerate(scratch_names)})
         steps = []
+        if sum(len(step.tmaps) for step, _ in self.steps) > 8:
+            return None     # RepeatCall keeps at most 8 tensor maps (FC_MAX_TMAPS)
         for (step, slots), native in zip(self.steps, natives):
             _, entry, handle, gx, gy, gz, bx, by, bz, shared = native
-            if any(ctypes.sizeof(v) > 8 for v in step.packed.values):
-                return None     # RepeatCall keeps 8 bytes per argument
-            storage = bytearray(b"".join(bytes(v).ljust(8, b"\0") for v in step.packed.values))
+            maps = {index for index, _, _ in step.tmaps}
+            if any(ctypes.sizeof(v) > 8 for i, v in enumerate(step.packed.values) if i not in maps):
+                return None     # RepeatCall keeps 8 bytes per argument, and 128 per tensor map
+            storage = bytearray(b"".join(bytes(8) if i in maps else bytes(v).ljust(8, b"\0")
+                                         for i, v in enumerate(step.packed.values)))
             pointer_slots = []
             for index, where, _ in slots:
                 if isinstance(where, int):
                     pointer_slots.append((index, where))
                 else:
                     pointer_slots.append((index, source[where]))
-            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, bytes(storage), pointer_slots))
+            tensor_maps = []
+            for index, buffer, encode in step.tmaps:     # encoded per pointer, remembered in C too
+                where = self.position.get(buffer, source.get(buffer))
+                if where is None:
+                    return None
+                tensor_maps.append((index, where, encode))
+            steps.append((entry, handle, (gx, gy, gz), (bx, by, bz), shared, bytes(storage), pointer_slots,
+                          tensor_maps))
 
         def fail(index: int, rc: int, stream: int, params: int) -> None:
             fails[index](rc, params, stream)

@@ -263,6 +263,29 @@ def test_wgmma_tma_repeat_calls_encode_each_pointer():
         assert err <= 2e-3, (i, err)
 
 
+def test_wgmma_tma_native_repeat_calls_encode_each_pointer():
+    """Eager repeat calls of a TMA pick (tensor maps among the kernel's arguments) run in the native
+    RepeatCall, which encodes each call's maps for its own K / V: new tensors on every call (a stale
+    map would read an earlier call's data), the same tensors again, and an output view passed as out=."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.engine import _cache
+    shape = (1, 8, 300, 64)
+    op = get_op("attention")
+    pick = op.heuristic(op.make_problem({n: TensorSpec(shape, "float16") for n in ("q", "k", "v")} | {"mask": None},
+                                        {}), jitops.get_backend().device)
+    assert pick.get("tma"), pick
+    tensors = [tuple(randn(*shape, dtype=torch.float16) for _ in range(3)) for _ in range(3)]
+    for q, k, v in tensors + tensors[:1] + tensors[::-1]:
+        got = jitops.attention(q, k, v)
+        torch.cuda.synchronize()
+        want = reference(q, k, v)
+        assert float((got.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]
+    bound = [b for key, b in _cache.bound.items() if key[0] == "attention" and b is not None and
+             b.prepared.schedule.get("tma")]
+    assert any(b.native is not None for b in bound), "the TMA plan missed the native repeat path"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 72, 128, 256])
 def test_wgmma_tma_loads(dtype, d):
@@ -490,12 +513,7 @@ def test_heads_inner_views_take_the_native_repeat_path():
     bound = [b for key, b in _cache.bound.items()
              if key[0] == "attention" and any(isinstance(e, tuple) and "bshd" in e for e in key)]
     assert bound and all(b is not None for b in bound)
-    op = get_op("attention")
-    pick = op.heuristic(op.make_problem({n: TensorSpec(tuple(t.shape), "float16", "bshd") for n, t in
-                                         (("q", q), ("k", k), ("v", v))} | {"mask": None}, {}),
-                        jitops.get_backend().device)
-    if not pick.get("tma"):                   # tensor-map arguments keep the Python repeat path
-        assert any(b.native is not None for b in bound), "heads-inner views missed the native path"
+    assert any(b.native is not None for b in bound), "heads-inner views missed the native path"
     plain = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous())
     torch.cuda.synchronize()
     assert plain.is_contiguous() and float((plain.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]

@@ -287,3 +287,43 @@ def test_persistent_workspaces_are_per_stream_on_the_repeat_path(probe, monkeypa
         assert kept["stats"] in values, "the launch reads this stream's statistics"
         assert seen.setdefault(s, kept) == kept, "a stream keeps its copy"
     assert not set(seen[7].values()) & set(seen[9].values())
+
+
+def test_tensor_maps_encoded_per_pointer_and_copied_with_the_arguments():
+    """A RepeatCall step with a tensor-map argument (TMA kernels: 128 bytes encoded over a pointer):
+    the launch reads a map encoded for this call's pointer; the encoder runs only when the pointer
+    changes; an encoder returning anything but 128 bytes raises instead of launching."""
+    from jitops.runtime.fastlaunch import native_launcher
+    module = native_launcher()
+    if module is None:
+        pytest.skip("no native launcher (no host C compiler)")
+    encoded = []
+
+    def encode(ptr: int) -> bytes:
+        encoded.append(ptr)
+        return struct.pack("<QQ", ptr ^ 0x5A5A, 7) + bytes(112)
+
+    storage = struct.pack("<QQQ", 0, 0, 42)          # pointer, tensor map (placeholder), a scalar
+    step = (module.probe_entry(), 0xC0FFEE, (3, 1, 1), (128, 1, 1), 0, storage, [(0, 0)], [(1, 0, encode)])
+    expect = (None,)
+
+    def call_for(step_spec):
+        return module.RepeatCall(1, [(lambda: torch.empty(1), -1)], lambda: 0, None,
+                                 lambda *a: pytest.fail(f"launch failed: {a}"), [step_spec], expect)
+
+    call = call_for(step)
+    xs = [torch.randn(64), torch.randn(64)]
+    for x, encodes in ((xs[0], 1), (xs[0], 1), (xs[1], 2), (xs[1], 2), (xs[0], 3)):
+        call((x,))
+        _, kernel, grid, block, _, _, values = module.probe_last(3)
+        assert values[0] == x.data_ptr()                     # the pointer slot
+        assert values[1] == x.data_ptr() ^ 0x5A5A           # the map's first 8 bytes: encoded for this pointer
+        assert values[2] == 42 and kernel == 0xC0FFEE and grid == (3, 1, 1) and block == (128, 1, 1)
+        assert len(encoded) == encodes and encoded[-1] == x.data_ptr()
+    bad = call_for(step[:7] + ([(1, 0, lambda ptr: bytes(64))],))
+    before = module.probe_last(3)[0]
+    with pytest.raises(ValueError, match="128"):
+        bad((xs[0],))
+    assert module.probe_last(3)[0] == before                      # nothing launched
+    with pytest.raises(ValueError, match="tensor map"):
+        call_for(step[:7] + ([(5, 0, encode)],))                  # no argument 5

@@ -17,7 +17,11 @@
  *
  * Inputs that a kernel reads in vectors with no unaligned path carry an alignment: an input whose
  * address misses it (a view at an offset) is not run here (NotImplemented: the caller takes the
- * Python path, which says what is wrong), before anything is allocated or launched. */
+ * Python path, which says what is wrong), before anything is allocated or launched.
+ *
+ * TMA tensor maps (128-byte kernel arguments encoded over a pointer) are remembered per argument
+ * with the pointer they were encoded for; a call on another pointer asks Python to encode (with
+ * the other callbacks, before any argument is written) and copies the map in with the pointers. */
 #include "jitops_native.h"
 
 #include <stdint.h>
@@ -27,6 +31,8 @@
 #define FC_MAX_WS 8     /* derived workspaces, and per-call scratch buffers */
 #define FC_MEMO 16      /* derived-data identities remembered per RepeatCall (layers sharing a shape) */
 #define FC_STREAMS 4    /* streams whose scratch is remembered */
+#define FC_MAX_TMAPS 8  /* tensor-map arguments of one call, all steps together */
+#define FC_TMAP 128     /* bytes of a tensor map (CUtensorMap) */
 
 /* Bumped whenever memory a RepeatCall may remember was freed; what was remembered before is stale. */
 static unsigned long long epoch = 1;
@@ -85,6 +91,14 @@ typedef struct {
   void** params;          /* params[i] = storage + 8 i */
   Py_ssize_t* slot_arg;   /* argument written by each slot ... */
   Py_ssize_t* slot_src;   /* ... from this pointer of the call (inputs, outputs, derived, scratch) */
+  Py_ssize_t ntmaps;      /* tensor-map arguments: params[tmap_arg[k]] = tmap_blob + FC_TMAP k */
+  Py_ssize_t tmap_arg[FC_MAX_TMAPS], tmap_src[FC_MAX_TMAPS];
+  PyObject* tmap_encode[FC_MAX_TMAPS];      /* encode(pointer) -> FC_TMAP bytes */
+  unsigned long long tmap_ptr[FC_MAX_TMAPS]; /* the pointer tmap_known[k] was encoded for ... */
+  int tmap_valid[FC_MAX_TMAPS];             /* ... if any yet */
+  unsigned char* tmap_known;                /* FC_TMAP bytes per map: the last encoding */
+  unsigned char* tmap_blob;                 /* the maps the launch reads (64-byte aligned) */
+  unsigned char* tmap_alloc;
 } fc_step;
 
 typedef struct {
@@ -131,7 +145,7 @@ static void fc_forget_memo(RepeatCall* self) {
 }
 
 static void fc_dealloc(RepeatCall* self) {
-  Py_ssize_t i;
+  Py_ssize_t i, j;
   if (self->makers != NULL) {
     for (i = 0; i < self->n_outputs; i++) Py_XDECREF(self->makers[i]);
     PyMem_Free(self->makers);
@@ -150,18 +164,57 @@ static void fc_dealloc(RepeatCall* self) {
       PyMem_Free(self->steps[i].params);
       PyMem_Free(self->steps[i].slot_arg);
       PyMem_Free(self->steps[i].slot_src);
+      PyMem_Free(self->steps[i].tmap_known);
+      PyMem_Free(self->steps[i].tmap_alloc);
+      for (j = 0; j < self->steps[i].ntmaps; j++) Py_XDECREF(self->steps[i].tmap_encode[j]);
     }
     PyMem_Free(self->steps);
   }
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
+/* The step's tensor maps: [(argument, source pointer, encode)]; each argument's 8 bytes of storage
+ * are replaced by a 128-byte map of its own. */
+static int fc_init_tmaps(fc_step* st, PyObject* tmaps, Py_ssize_t n_ptrs, Py_ssize_t* total) {
+  Py_ssize_t j;
+  if (!PyList_Check(tmaps) || PyList_GET_SIZE(tmaps) + *total > FC_MAX_TMAPS) {
+    PyErr_Format(PyExc_ValueError, "RepeatCall: tensor maps are a list, at most %d per call", FC_MAX_TMAPS);
+    return -1;
+  }
+  st->ntmaps = PyList_GET_SIZE(tmaps);
+  *total += st->ntmaps;
+  if (st->ntmaps == 0) return 0;
+  st->tmap_known = PyMem_Calloc((size_t)st->ntmaps, FC_TMAP);
+  st->tmap_alloc = PyMem_Calloc((size_t)st->ntmaps * FC_TMAP + 64, 1);
+  if (!st->tmap_known || !st->tmap_alloc) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  st->tmap_blob = st->tmap_alloc + ((64 - (uintptr_t)st->tmap_alloc % 64) % 64);
+  for (j = 0; j < st->ntmaps; j++) {
+    Py_ssize_t arg, src;
+    PyObject* encode;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(tmaps, j), "nnO", &arg, &src, &encode)) return -1;
+    if (arg < 0 || arg >= st->nargs || src < 0 || src >= n_ptrs || !PyCallable_Check(encode)) {
+      PyErr_SetString(PyExc_ValueError, "RepeatCall: a tensor map names an argument, a pointer and an encoder");
+      return -1;
+    }
+    Py_INCREF(encode);
+    st->tmap_encode[j] = encode;
+    st->tmap_arg[j] = arg;
+    st->tmap_src[j] = src;
+    st->params[arg] = st->tmap_blob + FC_TMAP * j;
+  }
+  return 0;
+}
+
+static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs, Py_ssize_t* total_tmaps) {
   unsigned long long entry, handle, shared, v;
-  PyObject *grid, *block, *slots;
+  PyObject *grid, *block, *slots, *tmaps = NULL;
   const char* data;
   Py_ssize_t size, j;
-  if (!PyArg_ParseTuple(spec, "KKOOKy#O", &entry, &handle, &grid, &block, &shared, &data, &size, &slots)) return -1;
+  if (!PyArg_ParseTuple(spec, "KKOOKy#O|O", &entry, &handle, &grid, &block, &shared, &data, &size, &slots, &tmaps))
+    return -1;
   if (size % 8 != 0 || !PyList_Check(slots)) {
     PyErr_SetString(PyExc_ValueError, "RepeatCall: storage of 8 bytes per argument and a list of slots");
     return -1;
@@ -197,14 +250,16 @@ static int fc_init_step(fc_step* st, PyObject* spec, Py_ssize_t n_ptrs) {
     st->slot_arg[j] = arg;
     st->slot_src[j] = src;
   }
-  return 0;
+  return tmaps != NULL ? fc_init_tmaps(st, tmaps, n_ptrs, total_tmaps) : 0;
 }
 
 /* RepeatCall(n_inputs, outputs, stream_fn, stream_arg, fail, steps, expect,
  *          derive=None, fingerprint=(), n_derived=0, scratch=None, n_scratch=0, align=[])
  *   outputs:  [(allocator, input index or -1)]
- *   steps:    [(entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage bytes, [(arg, source)])];
- *             sources count inputs, then outputs, then derived pointers, then scratch pointers
+ *   steps:    [(entry, handle, (gx, gy, gz), (bx, by, bz), shared, storage bytes, [(arg, source)]
+ *              [, [(arg, source, encode)]])]; sources count inputs, then outputs, then derived
+ *             pointers, then scratch pointers; the last list: tensor-map arguments, encode(pointer)
+ *             -> the 128 bytes of the map over that pointer
  *   fail(step, rc, stream, params address): retries that launch (returns) or raises
  *   expect:   per input None or (type, shape, dtype, device, memory format or None): what
  *             matches(inputs) checks
@@ -235,7 +290,7 @@ static int fc_init_align(RepeatCall* self, PyObject* align, Py_ssize_t n_inputs)
 }
 
 static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
-  Py_ssize_t n_inputs, i, n_derived = 0, n_scratch = 0, n_ptrs;
+  Py_ssize_t n_inputs, i, n_derived = 0, n_scratch = 0, n_ptrs, total_tmaps = 0;
   PyObject *outputs, *stream_fn, *stream_arg, *fail, *steps, *expect;
   PyObject *derive = Py_None, *fingerprint = NULL, *scratch = Py_None, *align = NULL;
   (void)kwds;
@@ -330,7 +385,7 @@ static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
     return -1;
   }
   for (i = 0; i < self->n_steps; i++)
-    if (fc_init_step(&self->steps[i], PyList_GET_ITEM(steps, i), n_ptrs) < 0) return -1;
+    if (fc_init_step(&self->steps[i], PyList_GET_ITEM(steps, i), n_ptrs, &total_tmaps) < 0) return -1;
   return 0;
 }
 
@@ -338,15 +393,19 @@ static int fc_init(RepeatCall* self, PyObject* args, PyObject* kwds) {
  * private copy of the arguments: Python code runs in the callback, and another thread's call of
  * this object may rewrite the storage meanwhile. */
 static int fc_failed(RepeatCall* self, fc_step* st, Py_ssize_t i, int rc, unsigned long long stream) {
-  unsigned char* copy = PyMem_Malloc((size_t)st->nargs * 8 + 8);
+  const size_t maps = (size_t)st->nargs * 8 + 64;   /* tensor maps after the 8-byte values, 64-aligned */
+  unsigned char* copy = PyMem_Malloc(maps + (size_t)st->ntmaps * FC_TMAP + 64);
   void** params = PyMem_Malloc(((size_t)st->nargs + 1) * sizeof(void*));
   PyObject* r = NULL;
   Py_ssize_t j;
   if (copy == NULL || params == NULL) {
     PyErr_NoMemory();
   } else {
+    unsigned char* blob = copy + maps - (uintptr_t)(copy + maps) % 64;
     memcpy(copy, st->storage, (size_t)st->nargs * 8);
     for (j = 0; j < st->nargs; j++) params[j] = copy + 8 * j;
+    if (st->ntmaps > 0) memcpy(blob, st->tmap_blob, (size_t)st->ntmaps * FC_TMAP);
+    for (j = 0; j < st->ntmaps; j++) params[st->tmap_arg[j]] = blob + FC_TMAP * j;
     r = PyObject_CallFunction(self->fail, "niKK", i, rc, stream, (unsigned long long)(uintptr_t)params);
   }
   PyMem_Free(copy);
@@ -475,12 +534,40 @@ static int fc_derived_for(RepeatCall* self, PyObject* inputs, unsigned long long
   return 0;
 }
 
+/* Tensor map k of a step over pointer ptr into out: the one remembered when the pointer is the same,
+ * else encode(ptr) (Python; its result remembered). Another thread may replace what is remembered
+ * while the GIL is let go, so the caller keeps its own copy. */
+static int fc_tmap_for(fc_step* st, Py_ssize_t k, unsigned long long ptr, unsigned char* out) {
+  PyObject* r;
+  char* data;
+  Py_ssize_t size;
+  if (st->tmap_valid[k] && st->tmap_ptr[k] == ptr) {
+    memcpy(out, st->tmap_known + FC_TMAP * k, FC_TMAP);
+    return 0;
+  }
+  r = PyObject_CallFunction(st->tmap_encode[k], "K", ptr);
+  if (r == NULL) return -1;
+  if (PyBytes_AsStringAndSize(r, &data, &size) < 0 || size != FC_TMAP) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "RepeatCall: a tensor map encoder returned %zd bytes, not %d",
+                                        size, FC_TMAP);
+    Py_DECREF(r);
+    return -1;
+  }
+  memcpy(out, data, FC_TMAP);
+  memcpy(st->tmap_known + FC_TMAP * k, data, FC_TMAP);
+  st->tmap_ptr[k] = ptr;
+  st->tmap_valid[k] = 1;
+  Py_DECREF(r);
+  return 0;
+}
+
 /* The call itself: inputs is a tuple whose signature was checked. NotImplemented (not run): an
  * input misses its alignment. */
 static PyObject* fc_run(RepeatCall* self, PyObject* inputs) {
   PyObject* outs[FC_MAX_PTRS];
   unsigned long long ptrs[FC_MAX_PTRS], stream;
-  Py_ssize_t i, j, made = 0, n_io = self->n_inputs + self->n_outputs;
+  unsigned char maps[FC_MAX_TMAPS][FC_TMAP];  /* this call's tensor maps, found before any argument is written */
+  Py_ssize_t i, j, t, made = 0, n_io = self->n_inputs + self->n_outputs;
   PyObject *r, *result = NULL;
   if (PyTuple_GET_SIZE(inputs) != self->n_inputs) {
     PyErr_Format(PyExc_TypeError, "RepeatCall expects %zd inputs (got %zd)", self->n_inputs, PyTuple_GET_SIZE(inputs));
@@ -503,11 +590,15 @@ static PyObject* fc_run(RepeatCall* self, PyObject* inputs) {
   if (as_ull(r, &stream) < 0) goto done;
   if (self->scratch != NULL && fc_scratch_for(self, stream, ptrs + n_io + self->n_derived) < 0) goto done;
   if (self->derive != NULL && fc_derived_for(self, inputs, ptrs, stream, ptrs + n_io) < 0) goto done;
+  for (i = 0, t = 0; i < self->n_steps; i++)
+    for (j = 0; j < self->steps[i].ntmaps; j++, t++)
+      if (fc_tmap_for(&self->steps[i], j, ptrs[self->steps[i].tmap_src[j]], maps[t]) < 0) goto done;
   /* From here to the last launch: no Python code runs, the GIL stays held. */
-  for (i = 0; i < self->n_steps; i++) {
+  for (i = 0, t = 0; i < self->n_steps; i++) {
     fc_step* st = &self->steps[i];
     int rc;
     for (j = 0; j < st->nslots; j++) memcpy(st->storage + 8 * st->slot_arg[j], &ptrs[st->slot_src[j]], 8);
+    for (j = 0; j < st->ntmaps; j++, t++) memcpy(st->tmap_blob + FC_TMAP * j, maps[t], FC_TMAP);
     rc = st->entry(st->handle, st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1], st->block[2],
                    st->shared, (void*)(uintptr_t)stream, st->params, NULL);
     if (rc != 0 && fc_failed(self, st, i, rc, stream) < 0) goto done;
