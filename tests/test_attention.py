@@ -438,6 +438,34 @@ def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
     return op.make_problem(specs, {"causal": causal})
 
 
+def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
+    """A causal fused_wgmma grid orders query tiles heaviest first over all (batch, head) pairs, except
+    where the K / V of all heads exceed 4x L2 on 4 waves or more (B=4 H=32 S=4096 D=128: 256 MB), where
+    groups of heads whose K / V fill half of L2 go one after the other; an explicit head_group is taken
+    (sweeps), one below 1 refused; non-causal grids have no such parameter."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops.base import Schedule
+    h100 = KNOWN_TARGETS["sm_90"]
+
+    def group(q, kv, causal=True, **extra):
+        p = _hopper_problem(q, kv, "bfloat16", causal)
+        s = op.heuristic(p, h100)
+        s = Schedule.make(s.algorithm, **(s.as_dict()["params"] | extra))
+        return dict(op.plan(p, s, h100).launches[0].params).get("head_group")
+
+    assert group((4, 32, 4096, 128), (4, 32, 4096, 128)) == 12          # 2 MB of K / V per head: 12 fill 24 MB
+    assert group((16, 32, 4096, 128), (16, 32, 4096, 128)) == 12
+    for q, kv in (((8, 16, 2048, 128), (8, 16, 2048, 128)), ((2, 32, 4096, 128), (2, 32, 4096, 128)),
+                  ((8, 16, 2048, 64), (8, 16, 2048, 64)), ((1, 16, 2048, 256), (1, 16, 2048, 256)),
+                  ((1, 32, 32768, 128), (1, 8, 32768, 128))):          # <= 4x L2 (GQA: shared K / V)
+        assert group(q, kv) == q[0] * q[1], q
+    assert group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=5) == 5
+    assert group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=10**6) == 128
+    assert group((4, 32, 4096, 128), (4, 32, 4096, 128), causal=False) is None
+    with pytest.raises(ScheduleError, match="head_group"):
+        group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=-1)
+
+
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
     up to 256, GQA, causal, masks) and from 128 where the tiles are not padding; fused_mma for

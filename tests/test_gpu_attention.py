@@ -263,6 +263,25 @@ def test_wgmma_tma_repeat_calls_encode_each_pointer():
         assert err <= 2e-3, (i, err)
 
 
+@pytest.mark.parametrize("group", [1, 3, 4, 10])
+def test_wgmma_causal_head_groups(group):
+    """Causal grids ordered heaviest first within groups of (batch, head) pairs (head_group, also one
+    that does not divide B * H = 10, and all of them): every query tile of every head computed once,
+    into a NaN-filled output, against float64; with GQA (2 query heads per kv head)."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    q = randn(2, 10, 700, 64, dtype=torch.float16)
+    k, v = randn(2, 5, 700, 64, dtype=torch.float16), randn(2, 5, 700, 64, dtype=torch.float16)
+    sched = Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1, bounded=1, head_group=group)
+    out = torch.full_like(q, float("nan"))
+    jitops.attention(q, k, v, causal=True, schedule=sched, out=out)
+    torch.cuda.synchronize()
+    want = reference(q, k, v, causal=True)
+    assert bool(torch.isfinite(out).all())
+    assert float((out.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]
+
+
 def test_wgmma_tma_native_repeat_calls_encode_each_pointer():
     """Eager repeat calls of a TMA pick (tensor maps among the kernel's arguments) run in the native
     RepeatCall, which encodes each call's maps for its own K / V: new tensors on every call (a stale
