@@ -17,6 +17,8 @@ loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 
 2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`),
 runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`) and 3 warpgroups of 128-key
 tiles at D = 128 without causal masking (`three_groups`): 1.02-1.18x the earlier picks.
+2026-11-27: causal grids go heaviest first within groups of heads where all heads' K / V exceed 4x L2
+(`causal_head_group`, `head_group`): 1.08-1.14x at Llama-2-7B B=4 S=4096.
 """
 from __future__ import annotations
 
@@ -285,9 +287,9 @@ def causal_head_group(p: AttentionProblem, device: DeviceInfo, blocks: int, resi
     (the grid heaviest first overall, best for the tail) unless the K / V of all heads exceed four
     times L2 on a grid of 4 waves or more: there every query-tile row of the all-heads order reads
     every head's K / V from memory again, so groups of heads whose K / V fill half of L2 go one after
-    the other. H100, 2026-11-27 00:32-00:37 (explicit schedules against each other): B=4 H=32 S=4096
-    D=128 (256 MB of K / V) 1.09-1.13x with groups of 6 or 12; at 128 MB (B=8 H=16 S=2048, B=2 H=32
-    S=4096) groups ran 0.94-1.03x, and at D = 64, GPT-2 and Gemma (below 2x L2) 0.54-0.97x."""
+    the other. H100, 2026-11-27 00:32-00:42 (explicit schedules against each other, three runs): B=4
+    H=32 S=4096 D=128 (256 MB of K / V) 1.08-1.14x with groups of 6 or 12; at 128 MB (B=8 H=16 S=2048,
+    B=2 H=32 S=4096) groups ran 0.94-1.03x, and at D = 64, GPT-2 and Gemma (below 2x L2) 0.54-0.97x."""
     heads = p.batch * p.heads
     kv_bytes_per_query_head = 2 * p.sk * p.d * ITEMSIZE[p.dtype] / p.group
     if heads * kv_bytes_per_query_head <= 4 * device.l2_bytes or blocks < 4 * resident * device.multiprocessors:
