@@ -150,23 +150,20 @@ def main() -> int:
             kk, vv = k, v
             if kvs[1] != qs[1]:
                 kk, vv = (t.repeat_interleave(qs[1] // kvs[1], 1) for t in (k, v))
-            times = {label: [] for label, _ in runnable} | {"sdpa": []}
-            sdpa = ("sdpa", None)
-            order = runnable + [sdpa]
-            if args.discard_first and runnable:
-                # the first CUDA-graph timing of a shape in a process ran 5-7% faster than every later
-                # one of the same kernel (D = 128, 2026-11-27 00:48): time one, keep nothing
-                label, sched = runnable[0]
-                graph_us(lambda: jitops.attention(q, k, v, causal=causal, schedule=sched))
-            for n in range(len(order) if args.rotate else args.passes):
-                # --rotate: pass n starts at entry n, so each schedule (and SDPA) is timed first once: the
-                # first timing of a pass can run faster (seen on long causal kernels: 5-7%)
-                for label, sched in (order[n:] + order[:n]) if args.rotate else order:
-                    if label == "sdpa":
-                        times[label].append(graph_us(lambda: torch.nn.functional.scaled_dot_product_attention(
-                            q, kk, vv, is_causal=causal)))
-                    else:
-                        times[label].append(graph_us(lambda: jitops.attention(q, k, v, causal=causal, schedule=sched)))
+            # (label, call): each schedule, then SDPA on the same tensors
+            calls = [(label, lambda s=sched: jitops.attention(q, k, v, causal=causal, schedule=s))
+                     for label, sched in runnable]
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            calls.append(("sdpa", lambda: sdpa(q, kk, vv, is_causal=causal)))
+            if args.discard_first:
+                # the first CUDA-graph timing of a process ran 5-7% faster than every later one of the same
+                # kernel (D = 128, 2026-11-27 00:48): time one, keep nothing
+                graph_us(calls[0][1])
+            times = {label: [] for label, _ in calls}
+            for n in range(len(calls) if args.rotate else args.passes):
+                # --rotate: pass n starts at entry n, so each entry is timed first in one pass
+                for label, call in (calls[n:] + calls[:n]) if args.rotate else calls:
+                    times[label].append(graph_us(call))
             row["us"] = {key: min(ts) for key, ts in times.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
