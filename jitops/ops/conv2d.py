@@ -46,6 +46,25 @@ def candidates(problem: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     return schedules.candidates(problem, device)
 
 
+def timed_warm_l2(problem: Conv2dProblem, device: DeviceInfo) -> bool:
+    """Input, output and weights fit in 80% of L2: the tuner then times the problem with its inputs
+    left there (measure.timed_warm), as in a network (the layer before just wrote the input, the
+    weights stay from the last call), as graph replays run it and as the cost model rates it
+    (conv2d_wgmma.TMA_RESIDENT_BYTES). Behind a flush of L2 every tile of ResNet-50's 32x512x28x28 1x1
+    (32 MB) waits on DRAM alike; benchmark mode then picked a tile 1.18x slower in graph replay
+    (bf16, H100, 2026-11-27)."""
+    p = problem
+    x = p.n * p.cin * p.h * p.w * p.itemsize
+    y = p.n * p.cout * p.oh * p.ow * p.itemsize * (2 if p.has_residual else 1)
+    w = p.cout * p.cin_g * p.kh * p.kw * p.itemsize
+    return x + y + w <= 0.8 * device.l2_bytes
+
+
+def shortlist(problem: Conv2dProblem, device: DeviceInfo, n: int) -> list[Schedule]:
+    """The heuristic's pick and the next best-rated schedules, at most n (benchmark mode times them)."""
+    return schedules.shortlist(problem, device, n)
+
+
 def plan(problem: Conv2dProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
     if problem.w_layout == "nhwc":      # the plan for OIHW weights, reading an OIHW copy derived from w
         return weights_from_ohwi(problem, _plan(replace(problem, w_layout=""), schedule, device))
