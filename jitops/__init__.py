@@ -36,11 +36,19 @@ def tune(op: "str | _ModuleType", problem: "_Any" = None, **kwargs: "_Any") -> "
     from .tuning import tune as _tune
     return _tune(op, problem, **kwargs)
 
+
+def set_benchmark(enabled: bool | int = True) -> None:
+    """Benchmark mode, as torch.backends.cudnn.benchmark: a problem's first call (with no tuning record)
+    times the op's best-rated schedules (True: 6; or this many) and keeps the fastest as a user record.
+    Off by default; JITOPS_BENCHMARK=1 turns it on too. See jitops.tuning.benchmark."""
+    from .tuning.benchmark import set_benchmark as _set
+    _set(enabled)
+
 __all__ = [
     "__version__", "leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm",
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
-    "LaunchError", "ScheduleError", "tune", "load_bundle", "Bundle", "BundleMismatch",
+    "LaunchError", "ScheduleError", "tune", "set_benchmark", "load_bundle", "Bundle", "BundleMismatch",
     "set_fp32_precision", "get_fp32_precision",
 ]
 

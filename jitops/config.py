@@ -31,6 +31,7 @@ ENV_NO_CACHE = "JITOPS_NO_DISK_CACHE"   # 1: never read or write the disk cache
 ENV_BUNDLE_FALLBACK = "JITOPS_BUNDLE_FALLBACK"   # error | jit: what a bundle mismatch does
 ENV_DEVICE = "JITOPS_DEVICE"            # GPU ordinal (default 0)
 ENV_CPU_STACK_KB = "JITOPS_CPU_STACK_KB"  # the emulator's per-thread fiber stack (default 64 KiB)
+ENV_BENCHMARK = "JITOPS_BENCHMARK"      # 1: time a few schedules on a problem's first call (tuning/benchmark.py)
 
 
 def is_checkout() -> bool:

@@ -166,7 +166,8 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
         specs.update({n: None for n in tensors if tensors[n] is None})
         problem = op.make_problem(specs, op_attrs)
         backend.require_device(f"run {op_name}")
-        prepared = prepare(op, problem, backend, schedule)
+        stream = 0 if host else arrays.current_stream(next(iter(refs.values())))
+        prepared = prepare(op, problem, backend, schedule, stream)
         with _cache.lock:
             _cache.by_call[call_key] = prepared
     return _execute(prepared, refs, host, backend, out), prepared, refs

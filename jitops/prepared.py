@@ -39,9 +39,10 @@ log = logging.getLogger("jitops.engine")
 
 # ---------------------------------------------------------------- schedules
 
-def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
-                    forced: Schedule | str | None = None) -> tuple[Schedule, str]:
-    """The schedule to run and where it came from: forced, user/bundle/shipped record, or heuristic."""
+def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo, forced: Schedule | str | None = None,
+                    backend: Backend | None = None, stream: int | None = None) -> tuple[Schedule, str]:
+    """The schedule to run and where it came from: forced, user/bundle/shipped record, benchmark mode
+    (given the backend that will run it and the call's stream), or heuristic."""
     if isinstance(forced, Schedule):
         return forced, "forced"
     if isinstance(forced, str):
@@ -54,6 +55,12 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo,
         if failure is None:
             return found
         log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), failure)
+    if backend is not None and backend.can_launch:
+        from .tuning.benchmark import benchmark_candidates, benchmark_schedule
+        if benchmark_candidates():
+            timed = benchmark_schedule(op, problem, backend, stream)
+            if timed is not None:
+                return timed, "benchmark"
     return op.heuristic(problem, device), "heuristic"
 
 
@@ -188,8 +195,11 @@ def alignment_error(p: Prepared, name: str, ptr: int, argument: str | None = Non
                          f"storage?); pass an aligned array: a fresh one, or a copy (torch: .clone())", op=p.op)
 
 
-def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule | str | None = None) -> Prepared:
-    sched, origin = select_schedule(op, problem, backend.device, schedule)
+def prepare(op: ModuleType, problem: Any, backend: Backend, schedule: Schedule | str | None = None,
+            stream: int | None = None) -> Prepared:
+    """The problem's plan on this backend, loaded; `stream`: the first call's (benchmark mode times
+    nothing while it is being captured)."""
+    sched, origin = select_schedule(op, problem, backend.device, schedule, backend, stream)
     plan = op.plan(problem, sched, backend.device)
     sizes = _buffer_sizes(problem, plan)
     workspaces = {w.name for w in plan.workspaces}

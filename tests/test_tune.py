@@ -274,7 +274,13 @@ def test_activations_that_fit_in_l2_are_timed_warm_and_larger_ones_behind_a_flus
     assert timed_warm(op, small, dev) and not timed_warm(op, large, dev)
     assert not any(s.get("streaming") for s in op.candidates(small, dev))
     assert any(s.get("streaming") for s in op.candidates(large, dev))
-    assert not timed_warm(get_op("conv2d"), None, dev)      # ops without the hook: always flushed
+    assert not timed_warm(get_op("attention"), None, dev)     # ops without the hook: always flushed
+    conv = get_op("conv2d")   # input, output and weights within 80% of L2 (48 MB here)
+    one = conv.make_problem({"x": TensorSpec((32, 512, 28, 28), "float16", "nhwc"),
+                             "w": TensorSpec((128, 512, 1, 1), "float16")}, {})                # 32.3 MB
+    wide = conv.make_problem({"x": TensorSpec((32, 256, 56, 56), "float16", "nhwc"),
+                              "w": TensorSpec((64, 256, 1, 1), "float16")}, {})                # 64.2 MB
+    assert timed_warm(conv, one, dev) and not timed_warm(conv, wide, dev)
 
 
 def test_channels_last_conv2d_is_checked_in_its_storage_order(cpu):
@@ -293,3 +299,74 @@ def test_channels_last_conv2d_is_checked_in_its_storage_order(cpu):
     a, b = conv.random_inputs(nchw, np.random.default_rng(0)), conv.random_inputs(nhwc, np.random.default_rng(0))
     assert b["x"].shape == (2, 9, 7, 16) and np.array_equal(b["x"], a["x"].transpose(0, 2, 3, 1))
     assert np.array_equal(conv.reference(nhwc, b)["y"], conv.reference(nchw, a)["y"].transpose(0, 2, 3, 1))
+
+
+@pytest.fixture
+def benchmark_off():
+    """Benchmark mode back to its environment setting after the test."""
+    from jitops.tuning import benchmark
+    yield benchmark
+    benchmark._setting[0] = None
+    benchmark._told.clear()
+
+
+def test_benchmark_mode_times_the_shortlist_on_the_first_call(cpu, isolated, benchmark_off):
+    """jitops.set_benchmark: the first call of a problem without a record times the op's shortlist
+    (the heuristic's pick first), checks each against the pick's output, records the fastest as a
+    user record marked as a shortlist, and runs it; the output is right; later calls read the
+    record; a tuning run measures the problem again (the record saw a shortlist only)."""
+    from jitops.tuning.tuner import from_record
+    conv = get_op("conv2d")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 8, 10, 12)).astype(np.float32)
+    w = (rng.standard_normal((16, 8, 3, 3)) / 8).astype(np.float32)
+    p = conv.make_problem({"x": TensorSpec(x.shape, "float32"), "w": TensorSpec(w.shape, "float32")}, {"padding": 1})
+    shortlist = conv.shortlist(p, cpu.device, 3)
+    assert len(shortlist) == 3 and shortlist[0] == conv.heuristic(p, cpu.device) and len(set(shortlist)) == 3
+    jitops.set_benchmark(3)
+    y = jitops.conv2d(x, w, padding=1)
+    ref = conv.reference(p, {"x": x.astype(np.float64), "w": w.astype(np.float64), "bias": None})["y"]
+    assert float(np.abs(y - ref).max()) <= 1e-4 * float(np.abs(ref).max())
+    rec, = json.loads(isolated[0].read_text())["records"]
+    assert rec["shortlist"] == 3 and rec["problem"] == p.key() and rec["check"]["passed"]
+    assert rec["check"]["reference"].startswith("the output of ") and Schedule.from_dict(rec["schedule"]) in shortlist
+    assert rec["candidates"] == {"ok": 3}
+    assert engine.select_schedule(conv, p, cpu.device, backend=cpu) == (Schedule.from_dict(rec["schedule"]), "user")
+    assert from_record(conv, p, cpu) is None
+    # off again: a new problem takes the heuristic and writes nothing
+    jitops.set_benchmark(False)
+    q = conv.make_problem({"x": TensorSpec((1, 8, 6, 6), "float32"), "w": TensorSpec((16, 8, 3, 3), "float32")}, {})
+    assert engine.select_schedule(conv, q, cpu.device, backend=cpu)[1] == "heuristic"
+    assert len(json.loads(isolated[0].read_text())["records"]) == 1
+
+
+def test_benchmark_mode_times_nothing_during_a_capture(cpu, isolated, benchmark_off, monkeypatch, caplog):
+    """While the call's stream (or any stream, through the legacy one) is captured into a CUDA graph,
+    a first call keeps the heuristic, records nothing and says why once; a driver that cannot say
+    counts as capturing. Ops without a shortlist are left alone. Bad settings name what is expected."""
+    conv = get_op("conv2d")
+    p = conv.make_problem({"x": TensorSpec((1, 8, 6, 6), "float32"), "w": TensorSpec((16, 8, 3, 3), "float32")}, {})
+    jitops.set_benchmark(True)
+    monkeypatch.setattr(cpu, "capturing", lambda stream=0: stream == 7)
+    with caplog.at_level("WARNING", logger="jitops.tune"):
+        for _ in range(2):
+            assert engine.select_schedule(conv, p, cpu.device, backend=cpu, stream=7)[1] == "heuristic"
+    assert sum("CUDA-graph capture" in r.message for r in caplog.records) == 1
+    def broken(stream=0):
+        raise RuntimeError("no driver")
+    monkeypatch.setattr(cpu, "capturing", broken)
+    assert engine.select_schedule(conv, p, cpu.device, backend=cpu)[1] == "heuristic"
+    assert not isolated[0].exists()
+    lr = LR.make_problem({"x": TensorSpec((4096,), "float32")}, {"alpha": 0.1})
+    assert not hasattr(LR, "shortlist") and engine.select_schedule(LR, lr, cpu.device, backend=cpu)[1] == "heuristic"
+    with pytest.raises(jitops.ArgumentError, match="number of schedules"):
+        jitops.set_benchmark(-3)
+
+
+def test_benchmark_setting_from_the_environment(benchmark_off, monkeypatch):
+    for raw, n in (("", 0), ("0", 0), ("off", 0), ("1", benchmark_off.DEFAULT_CANDIDATES),
+                   ("yes", benchmark_off.DEFAULT_CANDIDATES), ("4", 4)):
+        monkeypatch.setenv(config.ENV_BENCHMARK, raw)
+        assert benchmark_off.benchmark_candidates() == n, raw
+    jitops.set_benchmark(5)
+    assert benchmark_off.benchmark_candidates() == 5      # the call wins over the environment

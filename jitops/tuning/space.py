@@ -95,14 +95,20 @@ def thin(schedules: list[Schedule], limit: int) -> list[Schedule]:
 
 def build(op: ModuleType, problem: Any, backend: Any, max_candidates: int | None = None) -> list[Candidate]:
     """Candidates (heuristic first), each with its plan and compile jobs, or a reason it was pruned."""
-    device = backend.device
-    heuristic = op.heuristic(problem, device)
-    schedules = [s for s in op.candidates(problem, device) if s != heuristic]
+    heuristic = op.heuristic(problem, backend.device)
+    schedules = [s for s in op.candidates(problem, backend.device) if s != heuristic]
     if max_candidates:
         schedules = thin(schedules, max_candidates - 1)
+    return from_schedules(op, problem, backend, [heuristic, *schedules])
+
+
+def from_schedules(op: ModuleType, problem: Any, backend: Any, schedules: Sequence[Schedule]) -> list[Candidate]:
+    """These schedules as candidates (the first one counts as the heuristic's), planned, with their
+    compile jobs."""
+    device = backend.device
     seen: set[Schedule] = set()
     out: list[Candidate] = []
-    for i, s in enumerate([heuristic, *schedules]):
+    for i, s in enumerate(schedules):
         if s in seen:
             continue
         seen.add(s)

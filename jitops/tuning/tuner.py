@@ -52,6 +52,7 @@ class TuneOptions:
     screen_reps: int = 5
     final_reps: int = 25
     min_gain: float = 0.02
+    reference: str = "float64"          # or "heuristic": check against the heuristic schedule's output
     force: bool = False
     save: bool = True
     seed: int = 0
@@ -108,6 +109,8 @@ def from_record(op: ModuleType, problem: Any, backend: Any) -> TuneResult | None
     if found is None:
         return None
     rec, origin = found
+    if rec.get("shortlist"):    # benchmark mode timed a few schedules: a tuning run measures them all
+        return None
     if rec.get("device") != device_key(device) or rec.get("device_name", device.name) != device.name:
         # Measured on a sibling (same arch; another multiprocessor count, or an H100 for an H200):
         # the record stays usable for calls, but a tuning run measures this device.
@@ -206,6 +209,20 @@ def _check(bench: ProblemBench, c: space.Candidate) -> bool:
     return bool(c.check["passed"])
 
 
+def _use_as_reference(bench: ProblemBench, c: space.Candidate) -> None:
+    """Check the others against this candidate's output (benchmark mode: the float64 reference of a
+    large problem takes seconds on the host); a failing run leaves the float64 reference in place."""
+    lo = _load(bench, c)
+    if lo is None:
+        return
+    try:
+        bench.use_output_as_reference(lo, str(c.schedule))
+    except JitopsError as exc:
+        c.fail(space.LAUNCH_FAILED, f"{type(exc).__name__}: {exc}")
+    finally:
+        bench.release(lo)
+
+
 def _final_us(c: space.Candidate) -> float:
     return median(c.samples) if c.samples else float("inf")
 
@@ -221,6 +238,8 @@ def tune_candidates(op: ModuleType, problem: Any, cands: list[space.Candidate], 
     bench = ProblemBench(backend, op, problem, seed=opts.seed)
     try:
         _screen(bench, cands, opts, deadline)
+        if opts.reference == "heuristic" and heur.status == space.OK:
+            _use_as_reference(bench, heur)
         ranked = sorted((c for c in cands if c.status == space.OK), key=lambda c: c.screen_us)
         winner = None
         checked_heuristic = heur.status == space.OK and _check(bench, heur)
