@@ -1,6 +1,6 @@
 """Small cases of fused_wgmma's bounded softmax step (bounded=1: no running max while probabilities
 stay bounded) for compute-sanitizer: 2 warpgroups at D = 64 (released ring) and D = 128, 4 warpgroups
-at D = 72, 3 warpgroups of 128-key tiles at D = 128; keys whose scores jump far past the running max at key 448 (the warpgroup must run S
+at D = 72, 3 warpgroups of 128-key tiles at D = 128, 4 warpgroups of 128-key tiles at D = 40; keys whose scores jump far past the running max at key 448 (the warpgroup must run S
 again), with and without causal masking.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_attention_bounded.py
@@ -22,7 +22,8 @@ def main() -> None:
     cases = ((64, Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1, release=1, bounded=1)),
              (128, Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1, bounded=1)),
              (72, Schedule.make("fused_wgmma", groups=4, block_k=64, tma=1, stages=3, release=1, bounded=1)),
-             (128, Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1)))
+             (128, Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1)),
+             (40, Schedule.make("fused_wgmma", groups=4, block_k=128, tma=1, stages=3, release=1, bounded=1)))
     for d, sched in cases:
         q = torch.randn(1, 2, 200, d, device="cuda", dtype=torch.float16)
         k = torch.randn(1, 2, 700, d, device="cuda")

@@ -539,16 +539,16 @@ def test_scheduler_skips_the_running_max_where_it_measured_faster():
         assert (got == (3, 128, 1, 1)) == three and (three or got[:2] == (2, 64)), (q, s)
         assert ("3 warpgroups" in s.why) == three, s.why
         assert s in op.candidates(_hopper_problem(q, q), h100), s      # the tuner times the pick too
-    for q in ((4, 16, 1024, 72), (2, 8, 4096, 40)):    # DiT-XL, SD 1.5: 144- and 80-byte rows
-        s = op.heuristic(_hopper_problem(q, q), h100)
-        assert (s["groups"], s["block_k"], s["stages"], s["release"], s["bounded"]) == (4, 64, 3, 1, 1), s
+    for q, bk in (((4, 16, 1024, 72), 64), ((2, 8, 4096, 40), 128)):    # DiT-XL, SD 1.5: 144- and 80-byte rows
+        s = op.heuristic(_hopper_problem(q, q), h100)     # 128-key tiles where DP <= 48 (1.23-1.27x at D = 40)
+        assert (s["groups"], s["block_k"], s["stages"], s["release"], s["bounded"]) == (4, bk, 3, 1, 1), s
         assert "4 warpgroups" in s.why and "3 K/V buffers" in s.why, s.why
         assert s in op.candidates(_hopper_problem(q, q), h100), s
     p = _hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64))
     assert any(c.get("bounded", 0) for c in op.candidates(p, h100))
     with pytest.raises(ScheduleError, match="bounded=1 is an option of the plain TMA loop"):
         op.plan(p, Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1, bounded=1), h100)
-    with pytest.raises(ScheduleError, match="registers"):     # 4 warpgroups: 64-key tiles only
+    with pytest.raises(ScheduleError, match="registers"):     # 4 warpgroups of 128-key tiles: DP <= 48 only
         op.plan(p, Schedule.make("fused_wgmma", groups=4, block_k=128, tma=1), h100)
 
 
@@ -681,3 +681,26 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     assert "bar.red.or.pred" in ptx and "cp.async.bulk.tensor" in ptx
     assert "0 bytes spill stores" in text and "C7519" not in text and "C7512" not in text, text
 
+
+
+def test_shortlist_is_the_pick_and_its_plannable_neighbours():
+    """Benchmark mode's shortlist on sm_90: the heuristic's fused_wgmma pick first, then distinct
+    plain-TMA neighbours that plan, at most n; picks of other algorithms stand alone."""
+    from jitops.errors import ScheduleError
+    op = get_op("attention")
+    hopper = jitops.get_backend(target="sm_90").device
+    for qs, causal in (((8, 16, 2048, 128), False), ((8, 16, 2048, 128), True), ((2, 8, 4096, 40), False),
+                       ((1, 16, 2048, 256), True)):
+        spec = TensorSpec(qs, "float16")
+        p = op.make_problem({"q": spec, "k": spec, "v": spec}, {"causal": causal})
+        for n in (2, 6):
+            short = op.shortlist(p, hopper, n)
+            assert short[0] == op.heuristic(p, hopper) and 2 <= len(short) <= n and len(set(short)) == len(short)
+            for s in short:
+                try:
+                    op.plan(p, s, hopper)
+                except ScheduleError as exc:
+                    raise AssertionError(f"{qs} {s}: {exc}") from exc
+    tiny = TensorSpec((1, 8, 128, 64), "float16")
+    p = op.make_problem({"q": tiny, "k": tiny, "v": tiny}, {})
+    assert op.shortlist(p, hopper, 6) == [op.heuristic(p, hopper)]

@@ -274,7 +274,11 @@ def test_activations_that_fit_in_l2_are_timed_warm_and_larger_ones_behind_a_flus
     assert timed_warm(op, small, dev) and not timed_warm(op, large, dev)
     assert not any(s.get("streaming") for s in op.candidates(small, dev))
     assert any(s.get("streaming") for s in op.candidates(large, dev))
-    assert not timed_warm(get_op("attention"), None, dev)     # ops without the hook: always flushed
+    assert not timed_warm(get_op("batch_norm"), None, dev)    # ops without the hook: always flushed
+    att = get_op("attention")    # q, k, v and out within 80% of L2, as for conv2d
+    spec = lambda s: TensorSpec((1, 16, s, 128), "float16")
+    assert timed_warm(att, att.make_problem({"q": spec(2048), "k": spec(2048), "v": spec(2048)}, {}), dev)     # 32 MB
+    assert not timed_warm(att, att.make_problem({"q": spec(4096), "k": spec(4096), "v": spec(4096)}, {}), dev)  # 64 MB
     conv = get_op("conv2d")   # input, output and weights within 80% of L2 (48 MB here)
     one = conv.make_problem({"x": TensorSpec((32, 512, 28, 28), "float16", "nhwc"),
                              "w": TensorSpec((128, 512, 1, 1), "float16")}, {})                # 32.3 MB

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .attention_mma import MMA_DTYPES
 from .attention_problem import (CAUSAL_MODES, INPUTS, MAX_HEAD_DIM, NAME, AttentionProblem, make_problem,
                                 parse_problem, random_inputs, reference, tolerance)
-from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, variants
+from .attention_schedule import ALGORITHMS, SIMT_HEAD_DIMS, candidates, heuristic, plan, shortlist, variants
 
 # q, k and v may be stored [B, S, H, D] or [S, B, H, D] (torch views of those, or arrays declared
 # layout="bshd" / "sbhd"); "bhsd" names the default
@@ -26,8 +26,8 @@ LAYOUT_INPUTS = ("q", "k", "v")
 SPACE = 1
 
 __all__ = ["NAME", "SPACE", "INPUTS", "ALGORITHMS", "CAUSAL_MODES", "MAX_HEAD_DIM", "MMA_DTYPES", "SIMT_HEAD_DIMS",
-           "AttentionProblem", "make_problem", "parse_problem", "heuristic", "candidates", "plan", "variants",
-           "reference", "random_inputs", "tolerance", "bytes_moved", "flops"]
+           "AttentionProblem", "make_problem", "parse_problem", "heuristic", "candidates", "shortlist", "plan", "variants",
+           "reference", "random_inputs", "tolerance", "bytes_moved", "flops", "timed_warm_l2"]
 
 
 # ---- registration (base.Registration: bench, tuning problems, vendor op, ONNX types; see
@@ -43,3 +43,10 @@ def bytes_moved(problem: AttentionProblem) -> int:
 
 def flops(problem: AttentionProblem) -> int:
     return problem.flops()
+
+
+def timed_warm_l2(problem: AttentionProblem, device) -> bool:
+    """q, k, v, mask and out fit in 80% of L2: the tuner then times the problem with them left there
+    (measure.timed_warm), as in a network (the projections just wrote q, k and v) and in graph
+    replays; conv2d follows the same rule."""
+    return problem.bytes_moved() <= 0.8 * device.l2_bytes

@@ -21,7 +21,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
-from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, why_not
+from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, wgmma_shortlist, why_not
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
 
 log = logging.getLogger("jitops.ops.attention")
@@ -133,6 +133,15 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
     if algorithm == "three_stage":
         return _three_stage_schedule(p, device)
     return Schedule.make("naive", why="one thread per output element (baseline)", block=128)
+
+
+def shortlist(problem: AttentionProblem, device: DeviceInfo, n: int) -> list[Schedule]:
+    """The heuristic's pick and, for fused_wgmma picks, its nearest plain-TMA neighbours: at most n
+    schedules, what benchmark mode times on a problem's first call. Other picks stand alone."""
+    pick = heuristic(problem, device)
+    if pick.algorithm != "fused_wgmma" or not int(pick.get("tma", 0)) or int(pick.get("producer", 0)):
+        return [pick]
+    return wgmma_shortlist(problem, device, pick, n)
 
 
 def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -> None:

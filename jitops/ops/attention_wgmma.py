@@ -206,6 +206,14 @@ def four_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
             and fits(p.d, 4, 64, device, 3, False, True))
 
 
+def four_groups_block_k(p: AttentionProblem, device: DeviceInfo) -> int:
+    """Keys per tile of the 4-warpgroup loop: 128 where DP <= 48 and they fit, else 64. H100,
+    2026-11-27 (scripts/device_attention_ab.py --rotate --discard-first, and benchmark mode picking it
+    on its own): SD 1.5's D = 40 at B = 2 and 8, S = 4096, 1.23-1.27x the 64-key tile, fp16 and bf16
+    (158.4 -> 128.6 us; 626.4 -> 497.8). At D = 72 a 128-key ring does not fit."""
+    return 128 if padded_dim(p.d) <= 48 and fits(p.d, 4, 128, device, 3, False, True) else 64
+
+
 def three_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
     """Whether the plain TMA loop runs 3 warpgroups of 128-key tiles (one block per SM, 158-162
     registers), released per warp and with the bounded softmax step: DP = 128 without causal masking or
@@ -232,7 +240,7 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
         ring = 2
         bounded = bounded_exp(p)
         if four_groups(p, device):
-            groups, bk, release, ring = 4, 64, True, 3
+            groups, bk, release, ring = 4, four_groups_block_k(p, device), True, 3
         elif three_groups(p, device):
             groups, bk, release, bounded = 3, 128, True, True
         blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
@@ -273,13 +281,43 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         rel = {"release": 1} if (pick[2] if pick else p.causal != "none") else {}
         plain += [Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1, bounded=1, **rel)
                   for bk in BLOCK_KS if fits(p.d, 2, bk, device, 2, False, True)]
-        if fits(p.d, 4, 64, device, 3, False, True):
-            plain.append(Schedule.make("fused_wgmma", groups=4, block_k=64, tma=1, stages=3, release=1, bounded=1))
+        for bk in (64, 128) if four_groups_block_k(p, device) == 128 else (64,):
+            if fits(p.d, 4, bk, device, 3, False, True):
+                plain.append(Schedule.make("fused_wgmma", groups=4, block_k=bk, tma=1, stages=3, release=1, bounded=1))
         if fits(p.d, 3, 128, device, 2, False, True):
             plain.append(Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1))
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                    for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True, True)]
     return specialized + plain
+
+
+def wgmma_shortlist(p: AttentionProblem, device: DeviceInfo, pick: Schedule, n: int) -> list[Schedule]:
+    """The pick and its nearest plain-TMA neighbours, at most n (benchmark mode times them): the same
+    loop with the other key-tile size, with release toggled, with the bounded step toggled where it
+    applies, and the 3- and 4-warpgroup bounded tiles. There is no rated order among them (the
+    scheduler's rules are measured thresholds, not a cost model), so nearest first."""
+    groups, bk = int(pick["groups"]), int(pick["block_k"])
+    flags = {k: int(pick.get(k, 0)) for k in ("release", "bounded")}
+    stages = int(pick.get("stages", 2))
+    near = [dict(groups=groups, block_k=192 - bk, stages=stages, **flags),
+            dict(groups=groups, block_k=bk, stages=stages, **{**flags, "release": 1 - flags["release"]})]
+    if _tiles_unchecked(p):
+        near.append(dict(groups=groups, block_k=bk, stages=stages, **{**flags, "bounded": 1 - flags["bounded"]}))
+        near += [dict(groups=3, block_k=128, stages=2, release=1, bounded=1),
+                 dict(groups=4, block_k=64, stages=3, release=1, bounded=1),
+                 dict(groups=2, block_k=64, stages=2, release=flags["release"], bounded=1)]
+    out = [pick]
+    for params in near:
+        if len(out) >= n:
+            break
+        g, k, r = params.pop("groups"), params.pop("block_k"), params.pop("stages")
+        if not fits(p.d, g, k, device, r, False, True):
+            continue
+        s = Schedule.make("fused_wgmma", groups=g, block_k=k, tma=1, **({"stages": r} if r != 2 else {}),
+                          **{name: 1 for name, on in params.items() if on})
+        if s not in out:
+            out.append(s)
+    return out
 
 
 def causal_head_group(p: AttentionProblem, device: DeviceInfo, blocks: int, resident: int) -> int:
