@@ -1,12 +1,14 @@
 """Benchmark mode, as torch.backends.cudnn.benchmark: the first call of a problem with no tuning record
-times the op's few best-rated schedules on the device and keeps the fastest.
+times the op's shortlist (its pick and the few schedules most likely to beat it) on the device and
+keeps the fastest.
 
     jitops.set_benchmark(True)          # or JITOPS_BENCHMARK=1 (a number >= 2: that many schedules)
 
 Why: the cost models pick well on average but miss on some layers by 10-20% (conv2d on the H100:
 SD-UNet's 640-channel 3x3 at batch 2 ran 36.0 us on the pick and 29.6 on the fourth-rated tile,
-2026-11-27), and a full `jitops tune` takes minutes. Timing the op's `shortlist` (the pick and the
-next best-rated, DEFAULT_CANDIDATES of them) costs a few seconds per problem, once: the winner is a
+2026-11-27), and a full `jitops tune` takes minutes. Timing the op's `shortlist` (conv2d: the pick and
+the next best-rated; attention: the pick's nearest neighbours; DEFAULT_CANDIDATES of them) costs a few
+seconds per problem, once: the winner is a
 user record, so later calls and later processes use it without timing again (a full `jitops tune`
 still measures such a problem: the record says it saw a shortlist only).
 
