@@ -10,10 +10,16 @@ import pytest
 from jitops.cli import main
 
 
-def test_info(capsys):
+def test_info(capsys, monkeypatch):
+    from jitops.tuning import benchmark
+    monkeypatch.setattr(benchmark, "_setting", [None])
+    monkeypatch.delenv("JITOPS_BENCHMARK", raising=False)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "backend      cpu" in out and "cache" in out and "nvrtc" in out
+    assert "backend      cpu" in out and "cache" in out and "nvrtc" in out and "benchmark    off" in out
+    monkeypatch.setenv("JITOPS_BENCHMARK", "4")
+    assert main(["info"]) == 0
+    assert "benchmark    on: first calls time up to 4 schedules" in capsys.readouterr().out
 
 
 def test_compile_offline_targets(capsys):
