@@ -6,6 +6,9 @@ each) beside SDPA.
 
     python3 scripts/device_attention_benchmark_mode.py OUT_DIR [--dtypes float16] [--shapes NAME,...]
 
+
+Run it with a fresh JITOPS_CACHE_DIR: benchmark mode's choices are user records, and a second run
+reads them instead of timing (its first calls then measure loading, not benchmarking).
 Raw results: OUT_DIR/attention_benchmark_mode.json.
 """
 from __future__ import annotations

@@ -8,6 +8,9 @@ jitops.conv2d, heuristic and benchmark mode, against torch.
   python3 scripts/device_conv2d_benchmark_mode.py OUT_DIR [--dtypes float16,bfloat16] [--nets resnet50]
       [--batch 32] [--budget SECONDS]
 
+
+Run it with a fresh JITOPS_CACHE_DIR: benchmark mode's choices are user records, and a second run
+reads them instead of timing (its first calls then measure loading, not benchmarking).
 Raw results: OUT_DIR/layers.json, OUT_DIR/networks.json.
 """
 from __future__ import annotations
