@@ -104,6 +104,12 @@ def compare(got: np.ndarray, ref: np.ndarray, scale: float, rtol: float, atol: f
     return True, rel, ""
 
 
+def _with_scale(r: np.ndarray) -> tuple[np.ndarray, float]:
+    """A reference array and its largest finite magnitude (what relative tolerances scale with)."""
+    finite = r[np.isfinite(r)]
+    return r, float(np.max(np.abs(finite))) if finite.size else 0.0
+
+
 class ProblemBench:
     """Inputs, outputs, reference and L2-flush buffer of one problem on one backend."""
 
@@ -184,45 +190,36 @@ class ProblemBench:
     def reference(self) -> dict[str, tuple[np.ndarray, float]]:
         if self._reference is None:
             ref = self.op.reference(self.problem, self.host_inputs)
-            self._reference = {}
-            for name in self.out_specs:
-                r = np.asarray(ref[name])
-                finite = r[np.isfinite(r)]
-                self._reference[name] = (r, float(np.max(np.abs(finite))) if finite.size else 0.0)
+            self._reference = {name: _with_scale(np.asarray(ref[name])) for name in self.out_specs}
         return self._reference
 
-    def use_output_as_reference(self, loaded: Loaded, name: str) -> None:
-        """Compare later checks with this run's outputs (widened to float64) instead of op.reference."""
-        be = self.backend
-        ref: dict[str, tuple[np.ndarray, float]] = {}
-        for out_name, spec in self.out_specs.items():
-            be.memset(self.ptrs[out_name][0], 0xFF, spec.nbytes)
-        loaded.run(be)
-        be.synchronize()
-        for out_name, spec in self.out_specs.items():
-            got = np.empty(spec.shape, dtype=spec.dtype)
-            if spec.nbytes:
-                be.copy_to_host(got, self.ptrs[out_name][0], spec.nbytes)
-            r = got.astype(np.float64)
-            finite = r[np.isfinite(r)]
-            ref[out_name] = (r, float(np.max(np.abs(finite))) if finite.size else 0.0)
-        self._reference, self._reference_name = ref, f"the output of {name}"
-
-    def check(self, loaded: Loaded) -> dict[str, Any]:
-        """Run once on poisoned outputs and compare with the reference (float64 unless replaced)."""
+    def _run_poisoned(self, loaded: Loaded) -> dict[str, np.ndarray]:
+        """Each output of one run into buffers filled with 0xFF first (an element never written stays NaN)."""
         be = self.backend
         for name in self.out_specs:
             ptr, nbytes = self.ptrs[name]
             be.memset(ptr, 0xFF, nbytes)
         loaded.run(be)
         be.synchronize()
+        out = {}
+        for name, spec in self.out_specs.items():
+            out[name] = np.empty(spec.shape, dtype=spec.dtype)
+            if spec.nbytes:
+                be.copy_to_host(out[name], self.ptrs[name][0], spec.nbytes)
+        return out
+
+    def use_output_as_reference(self, loaded: Loaded, name: str) -> None:
+        """Compare later checks with this run's outputs (widened to float64) instead of op.reference."""
+        self._reference = {n: _with_scale(got.astype(np.float64)) for n, got in self._run_poisoned(loaded).items()}
+        self._reference_name = f"the output of {name}"
+
+    def check(self, loaded: Loaded) -> dict[str, Any]:
+        """Run once on poisoned outputs and compare with the reference (float64 unless replaced)."""
+        outputs = self._run_poisoned(loaded)
         rtol, atol = self.op.tolerance(self.problem, loaded.schedule)
         result: dict[str, Any] = {"passed": True, "max_error": 0.0, "rtol": rtol, "atol": atol,
                                   "reference": self._reference_name, "inputs": "op.random_inputs, seed 0"}
-        for name, spec in self.out_specs.items():
-            got = np.empty(spec.shape, dtype=spec.dtype)
-            if spec.nbytes:
-                be.copy_to_host(got, self.ptrs[name][0], spec.nbytes)
+        for name, got in outputs.items():
             ref, scale = self.reference()[name]
             ok, err, why = compare(got, ref, scale, rtol, atol)
             result["max_error"] = max(result["max_error"], err)
