@@ -54,10 +54,7 @@ def timed_warm_l2(problem: Conv2dProblem, device: DeviceInfo) -> bool:
     (32 MB) waits on DRAM alike; benchmark mode then picked a tile 1.18x slower in graph replay
     (bf16, H100, 2026-11-27)."""
     p = problem
-    x = p.n * p.cin * p.h * p.w * p.itemsize
-    y = p.n * p.cout * p.oh * p.ow * p.itemsize * (2 if p.has_residual else 1)
-    w = p.cout * p.cin_g * p.kh * p.kw * p.itemsize
-    return x + y + w <= 0.8 * device.l2_bytes
+    return p.io_bytes + p.cout * p.cin_g * p.kh * p.kw * p.itemsize <= 0.8 * device.l2_bytes
 
 
 def shortlist(problem: Conv2dProblem, device: DeviceInfo, n: int) -> list[Schedule]:
