@@ -41,7 +41,7 @@ def set_benchmark(enabled: bool | int = True) -> None:
     """Benchmark mode, as torch.backends.cudnn.benchmark: a problem's first call (with no tuning record)
     times the op's best-rated schedules (True: 6; or this many) and keeps the fastest as a user record.
     Off by default; JITOPS_BENCHMARK=1 turns it on too. See jitops.tuning.benchmark."""
-    from .tuning.benchmark import set_benchmark as _set
+    from .config import set_benchmark as _set
     _set(enabled)
 
 __all__ = [

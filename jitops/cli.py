@@ -54,8 +54,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .runtime import fastlaunch
     launcher = fastlaunch.native_launcher()
     print(f"launcher     {'unavailable (Python repeat path)' if launcher is None else fastlaunch.origin}")
-    from .tuning.benchmark import benchmark_candidates
-    n = benchmark_candidates()
+    n = config.benchmark_candidates()
     print(f"benchmark    {f'on: first calls time up to {n} schedules ({config.ENV_BENCHMARK})' if n else 'off'}")
     return 0
 

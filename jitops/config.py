@@ -31,7 +31,7 @@ ENV_NO_CACHE = "JITOPS_NO_DISK_CACHE"   # 1: never read or write the disk cache
 ENV_BUNDLE_FALLBACK = "JITOPS_BUNDLE_FALLBACK"   # error | jit: what a bundle mismatch does
 ENV_DEVICE = "JITOPS_DEVICE"            # GPU ordinal (default 0)
 ENV_CPU_STACK_KB = "JITOPS_CPU_STACK_KB"  # the emulator's per-thread fiber stack (default 64 KiB)
-ENV_BENCHMARK = "JITOPS_BENCHMARK"      # 1: time a few schedules on a problem's first call (tuning/benchmark.py)
+ENV_BENCHMARK = "JITOPS_BENCHMARK"      # 1: time a few schedules on a problem's first call (benchmark_candidates)
 
 
 def is_checkout() -> bool:
@@ -178,3 +178,34 @@ def reset_cache_state() -> None:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# ---------------------------------------------------------------- benchmark mode
+# The setting lives here, not in jitops.tuning.benchmark (which times the shortlists): a first call
+# reads it, and importing the tuner on every process's first call cost ~10 ms with benchmark mode off.
+BENCHMARK_CANDIDATES = 6    # the fastest of the best six rated was within 0.2% of the fastest of all on
+                            # the H100's 14 large conv2d layers (2026-11-27); four missed SD-UNet's 320-channel one
+_benchmark: list[int | None] = [None]   # None: from the environment
+
+
+def set_benchmark(enabled: bool | int = True) -> None:
+    """Turn benchmark mode on (True, or the number of schedules to time, >= 2) or off (False / 0)."""
+    if isinstance(enabled, bool) or enabled in (0, 1):
+        _benchmark[0] = BENCHMARK_CANDIDATES if enabled else 0
+    elif isinstance(enabled, int) and enabled >= 2:
+        _benchmark[0] = enabled
+    else:
+        from .errors import ArgumentError
+        raise ArgumentError("enabled", "True, False, or a number of schedules >= 2", repr(enabled))
+
+
+def benchmark_candidates() -> int:
+    """Schedules a first call times (0: benchmark mode is off): set_benchmark, else JITOPS_BENCHMARK."""
+    if _benchmark[0] is not None:
+        return _benchmark[0]
+    raw = os.environ.get(ENV_BENCHMARK, "").strip().lower()
+    if raw in ("", "0", "off", "false", "no"):
+        return 0
+    if raw.isdigit() and int(raw) >= 2:
+        return int(raw)
+    return BENCHMARK_CANDIDATES

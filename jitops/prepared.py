@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
-from . import codegen
+from . import codegen, config
 from .cache import loader
 from .derived import DerivedCache
 from .device import DeviceInfo
@@ -55,12 +55,11 @@ def select_schedule(op: ModuleType, problem: Any, device: DeviceInfo, forced: Sc
         if failure is None:
             return found
         log.warning("ignoring %s record for %s: %s (using the heuristic)", found[1], problem.key(), failure)
-    if backend is not None and backend.can_launch:
-        from .tuning.benchmark import benchmark_candidates, benchmark_schedule
-        if benchmark_candidates():
-            timed = benchmark_schedule(op, problem, backend, stream)
-            if timed is not None:
-                return timed, "benchmark"
+    if backend is not None and backend.can_launch and config.benchmark_candidates():
+        from .tuning.benchmark import benchmark_schedule   # the tuner is imported only in benchmark mode
+        timed = benchmark_schedule(op, problem, backend, stream)
+        if timed is not None:
+            return timed, "benchmark"
     return op.heuristic(problem, device), "heuristic"
 
 

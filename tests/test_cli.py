@@ -11,8 +11,8 @@ from jitops.cli import main
 
 
 def test_info(capsys, monkeypatch):
-    from jitops.tuning import benchmark
-    monkeypatch.setattr(benchmark, "_setting", [None])
+    from jitops import config
+    monkeypatch.setattr(config, "_benchmark", [None])
     monkeypatch.delenv("JITOPS_BENCHMARK", raising=False)
     assert main(["info"]) == 0
     out = capsys.readouterr().out

@@ -33,7 +33,7 @@ def fresh(tmp_path, monkeypatch):
     engine.clear_prepared()
     with jitops.use_backend(be):
         yield be, user
-    benchmark._setting[0] = None
+    config._benchmark[0] = None
     benchmark._told.clear()
     store().invalidate()
     engine.clear_prepared()

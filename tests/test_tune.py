@@ -307,10 +307,10 @@ def test_channels_last_conv2d_is_checked_in_its_storage_order(cpu):
 
 @pytest.fixture
 def benchmark_off():
-    """Benchmark mode back to its environment setting after the test."""
+    """Benchmark mode back to its environment setting after the test (yields jitops.config, its home)."""
     from jitops.tuning import benchmark
-    yield benchmark
-    benchmark._setting[0] = None
+    yield config
+    config._benchmark[0] = None
     benchmark._told.clear()
 
 
@@ -368,9 +368,23 @@ def test_benchmark_mode_times_nothing_during_a_capture(cpu, isolated, benchmark_
 
 
 def test_benchmark_setting_from_the_environment(benchmark_off, monkeypatch):
-    for raw, n in (("", 0), ("0", 0), ("off", 0), ("1", benchmark_off.DEFAULT_CANDIDATES),
-                   ("yes", benchmark_off.DEFAULT_CANDIDATES), ("4", 4)):
+    for raw, n in (("", 0), ("0", 0), ("off", 0), ("1", benchmark_off.BENCHMARK_CANDIDATES),
+                   ("yes", benchmark_off.BENCHMARK_CANDIDATES), ("4", 4)):
         monkeypatch.setenv(config.ENV_BENCHMARK, raw)
         assert benchmark_off.benchmark_candidates() == n, raw
     jitops.set_benchmark(5)
     assert benchmark_off.benchmark_candidates() == 5      # the call wins over the environment
+
+
+def test_a_first_call_without_benchmark_mode_leaves_the_tuner_unimported():
+    """The benchmark setting is read from jitops.config: with the mode off, a process's first call
+    imports nothing of jitops.tuning (importing it there cost ~10 ms of every first call)."""
+    import os
+    import subprocess
+    code = ("import sys, numpy as np, jitops\n"
+            "jitops.leaky_relu(np.ones(1024, 'float32'), 0.1)\n"
+            "assert not [m for m in sys.modules if m.startswith('jitops.tuning')], sorted(sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != config.ENV_BENCHMARK}
+    env[config.ENV_BACKEND] = "cpu"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

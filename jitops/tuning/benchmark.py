@@ -7,7 +7,7 @@ keeps the fastest.
 Why: the cost models pick well on average but miss on some layers by 10-20% (conv2d on the H100:
 SD-UNet's 640-channel 3x3 at batch 2 ran 36.0 us on the pick and 29.6 on the fourth-rated tile,
 2026-11-27), and a full `jitops tune` takes minutes. Timing the op's `shortlist` (conv2d: the pick and
-the next best-rated; attention: the pick's nearest neighbours; DEFAULT_CANDIDATES of them) costs a few
+the next best-rated; attention: the pick's nearest neighbours; config.BENCHMARK_CANDIDATES of them) costs a few
 seconds per problem, once: the winner is a
 user record, so later calls and later processes use it without timing again (a full `jitops tune`
 still measures such a problem: the record says it saw a shortlist only).
@@ -32,34 +32,8 @@ from ..ops.base import Schedule
 
 log = logging.getLogger("jitops.tune")
 
-DEFAULT_CANDIDATES = 6      # the fastest of the best six rated was within 0.2% of the fastest of all on
-                            # the H100's 14 large conv2d layers (2026-11-27); four missed SD-UNet's 320-channel one
 _lock = threading.Lock()    # one benchmark at a time (two threads' first calls of a problem time it once)
-_setting: list[int | None] = [None]     # None: from the environment
 _told: set[str] = set()
-
-
-def set_benchmark(enabled: bool | int = True) -> None:
-    """Turn benchmark mode on (True, or the number of schedules to time, >= 2) or off (False / 0)."""
-    if isinstance(enabled, bool) or enabled in (0, 1):
-        _setting[0] = DEFAULT_CANDIDATES if enabled else 0
-    elif isinstance(enabled, int) and enabled >= 2:
-        _setting[0] = enabled
-    else:
-        from ..errors import ArgumentError
-        raise ArgumentError("enabled", "True, False, or a number of schedules >= 2", repr(enabled))
-
-
-def benchmark_candidates() -> int:
-    """Schedules a first call times (0: benchmark mode is off)."""
-    if _setting[0] is not None:
-        return _setting[0]
-    raw = os.environ.get(config.ENV_BENCHMARK, "").strip().lower()
-    if raw in ("", "0", "off", "false", "no"):
-        return 0
-    if raw.isdigit() and int(raw) >= 2:
-        return int(raw)
-    return DEFAULT_CANDIDATES
 
 
 def _capturing(backend: Any, stream: int | None) -> bool:
@@ -72,7 +46,7 @@ def _capturing(backend: Any, stream: int | None) -> bool:
 def benchmark_schedule(op: ModuleType, problem: Any, backend: Any, stream: int | None) -> Schedule | None:
     """The fastest of the op's shortlist on this device (recorded), or None: benchmark mode off, the
     op has no shortlist, nothing to choose from, a capture in progress, or every schedule failed."""
-    n = benchmark_candidates()
+    n = config.benchmark_candidates()
     shortlist = getattr(op, "shortlist", None)
     if n < 2 or shortlist is None or not backend.can_launch:
         return None
