@@ -440,9 +440,10 @@ def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
 
 def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
     """A causal fused_wgmma grid orders query tiles heaviest first over all (batch, head) pairs, except
-    where the K / V of all heads exceed 4x L2 on 4 waves or more (B=4 H=32 S=4096 D=128: 256 MB), where
-    groups of heads whose K / V fill half of L2 go one after the other; an explicit head_group is taken
-    (sweeps), one below 1 refused; non-causal grids have no such parameter."""
+    where the K / V of all heads exceed 2x L2 (H100: 100 MB), where groups of heads go one after the
+    other: the largest divisor of the head count (whole GQA groups where one fits) whose K / V fill at
+    most half of L2 and whose blocks fill at least half the resident slots; an explicit head_group is
+    taken (sweeps), one below 1 refused; non-causal grids have no such parameter."""
     from jitops.device import KNOWN_TARGETS
     from jitops.ops.base import Schedule
     h100 = KNOWN_TARGETS["sm_90"]
@@ -453,11 +454,15 @@ def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
         s = Schedule.make(s.algorithm, **(s.as_dict()["params"] | extra))
         return dict(op.plan(p, s, h100).launches[0].params).get("head_group")
 
-    assert group((4, 32, 4096, 128), (4, 32, 4096, 128)) == 12          # 2 MB of K / V per head: 12 fill 24 MB
-    assert group((16, 32, 4096, 128), (16, 32, 4096, 128)) == 12
-    for q, kv in (((8, 16, 2048, 128), (8, 16, 2048, 128)), ((2, 32, 4096, 128), (2, 32, 4096, 128)),
-                  ((8, 16, 2048, 64), (8, 16, 2048, 64)), ((1, 16, 2048, 256), (1, 16, 2048, 256)),
-                  ((1, 32, 32768, 128), (1, 8, 32768, 128))):          # <= 4x L2 (GQA: shared K / V)
+    assert group((8, 16, 2048, 128), (8, 16, 2048, 128)) == 16          # 1 MB per head: <= 25, divides 128
+    assert group((2, 32, 4096, 128), (2, 32, 4096, 128)) == 8           # 2 MB per head: <= 12, divides 64
+    assert group((4, 32, 4096, 128), (4, 32, 4096, 128)) == 8
+    assert group((16, 32, 4096, 128), (16, 32, 4096, 128)) == 8
+    assert group((1, 67, 4096, 128), (1, 67, 4096, 128)) == 67          # 67 heads (134 MB), no divisor fits
+    assert group((1, 32, 32768, 128), (1, 8, 32768, 128)) == 4          # GQA 4:1, 4 MB per query head: one kv head
+    for q, kv in (((8, 16, 2048, 64), (8, 16, 2048, 64)), ((1, 16, 2048, 256), (1, 16, 2048, 256)),
+                  ((8, 12, 1024, 64), (8, 12, 1024, 64)),
+                  ((1, 32, 8192, 128), (1, 8, 8192, 128))):              # <= 2x L2 (GQA: shared K / V)
         assert group(q, kv) == q[0] * q[1], q
     assert group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=5) == 5
     assert group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=10**6) == 128

@@ -17,8 +17,8 @@ loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 
 2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`),
 runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`) and 3 warpgroups of 128-key
 tiles at D = 128 without causal masking (`three_groups`): 1.02-1.18x the earlier picks.
-2026-11-27: causal grids go heaviest first within groups of heads where all heads' K / V exceed 4x L2
-(`causal_head_group`, `head_group`): 1.08-1.14x at Llama-2-7B B=4 S=4096.
+2026-11-27: causal grids go heaviest first within groups of heads where all heads' K / V exceed 2x L2
+(`causal_head_group`, `head_group`): 1.05-1.14x at B=8 H=16 S=2048 D=128 and Llama-2-7B S=4096.
 """
 from __future__ import annotations
 
@@ -322,17 +322,28 @@ def wgmma_shortlist(p: AttentionProblem, device: DeviceInfo, pick: Schedule, n: 
 
 def causal_head_group(p: AttentionProblem, device: DeviceInfo, blocks: int, resident: int) -> int:
     """(batch, head) pairs whose query tiles a causal grid orders heaviest first together. All of them
-    (the grid heaviest first overall, best for the tail) unless the K / V of all heads exceed four
-    times L2 on a grid of 4 waves or more: there every query-tile row of the all-heads order reads
-    every head's K / V from memory again, so groups of heads whose K / V fill half of L2 go one after
-    the other. H100, 2026-11-27 00:32-00:42 (explicit schedules against each other, three runs): B=4
-    H=32 S=4096 D=128 (256 MB of K / V) 1.08-1.14x with groups of 6 or 12; at 128 MB (B=8 H=16 S=2048,
-    B=2 H=32 S=4096) groups ran 0.94-1.03x, and at D = 64, GPT-2 and Gemma (below 2x L2) 0.54-0.97x."""
+    (the grid heaviest first overall, best for the tail) unless the K / V of all heads exceed twice L2:
+    there the resident blocks of the all-heads order belong to nearly as many heads as there are blocks
+    and read every head's K / V from memory, so groups of heads go one after the other, heaviest first
+    inside each. A group is the largest divisor of the head count (a multiple of the GQA group where
+    one fits) whose K / V fill at most half of L2 and whose blocks fill at least half of the resident
+    slots: a ragged last group or one that leaves the device half idle gives the tail away (H100,
+    2026-11-27 04:17, fp16 explicit sweep: Gemma's 16 heads in groups of 12 1.45x slower, Llama-3-8B's
+    32 in groups of 8 1.33x slower). Same sweep: groups of 16 (8, 32 alike) 1.08x the all-heads order
+    at B=8 H=16 S=2048 D=128 (128 MB), groups of 8 1.06x at B=2 H=32 S=4096 (128 MB) and 1.05x the
+    earlier groups of 12 at B=4 H=32 S=4096 (256 MB); at D=64 (64 MB), GPT-2 and Gemma the all-heads
+    order was as fast or faster. The rule against the old one, 04:20: 1.10-1.11x, 1.00-1.06x and
+    1.02-1.04x on those three shapes, fp16 / bf16."""
     heads = p.batch * p.heads
     kv_bytes_per_query_head = 2 * p.sk * p.d * ITEMSIZE[p.dtype] / p.group
-    if heads * kv_bytes_per_query_head <= 4 * device.l2_bytes or blocks < 4 * resident * device.multiprocessors:
+    if heads * kv_bytes_per_query_head <= 2 * device.l2_bytes:
         return heads
-    return max(1, min(heads, int(device.l2_bytes / 2 // kv_bytes_per_query_head)))
+    q_tiles = blocks // heads
+    slots = resident * device.multiprocessors
+    cap = device.l2_bytes / 2 // kv_bytes_per_query_head
+    sizes = [g for g in range(1, heads + 1) if heads % g == 0 and g <= cap and 2 * g * q_tiles >= slots]
+    whole_kv_heads = [g for g in sizes if g % p.group == 0]
+    return max(whole_kv_heads or sizes or [heads])
 
 
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
