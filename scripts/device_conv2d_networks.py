@@ -89,17 +89,18 @@ def run_net(name: str, batch: int, dtype: torch.dtype) -> dict:
 
 def per_layer(name: str, batch: int, dtype: torch.dtype) -> list[dict]:
     """Each distinct conv of the network: jitops' pick against cuDNN on the same channels_last
-    tensors (graph replay), slowest ratio first."""
+    tensors (graph replay), slowest ratio first, with how many times the forward runs it (the totals
+    weigh each layer by that count: the convolutions' share of the whole-network ratio)."""
     import torch.nn.functional as F
     import torchvision.models as tvm
     model = getattr(tvm, name)().eval().cuda().to(dtype).to(memory_format=CL)
-    seen, layers = set(), []
+    counts, layers = {}, []
 
     def hook(mod, inp, _out):
         key = (tuple(inp[0].shape), tuple(mod.weight.shape), mod.stride, mod.padding, mod.dilation, mod.groups)
-        if key not in seen:
-            seen.add(key)
+        if key not in counts:
             layers.append((key, mod))
+        counts[key] = counts.get(key, 0) + 1
     hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     with torch.no_grad():
         model(torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=CL))
@@ -117,10 +118,13 @@ def per_layer(name: str, batch: int, dtype: torch.dtype) -> list[dict]:
             _, s = picked(xs, ws, attrs, str(dtype).split(".")[-1], "nhwc" if CL == torch.channels_last else "",
                           b is not None)
             rows.append({"x": xs, "w": ws, "attrs": attrs, "jitops_us": t_j, "cudnn_us": t_v, "ratio": t_v / t_j,
-                         "pick": str(s)})
+                         "pick": str(s), "count": counts[(xs, ws, st, pd, dl, g)]})
     rows.sort(key=lambda r: r["ratio"])
+    t_j, t_v = (sum(r["count"] * r[k] for r in rows) for k in ("jitops_us", "cudnn_us"))
+    print(f"  {name} b{batch} {dtype}: {sum(r['count'] for r in rows)} convs, {len(rows)} distinct; weighted by count "
+          f"jitops {t_j:.0f} us, cuDNN {t_v:.0f} us, ratio {t_v / t_j:.3f}", flush=True)
     for r in rows[:20]:
-        print(f"  {name} x={r['x']} w={r['w']} s={r['attrs']['stride']} g={r['attrs']['groups']}: jitops "
+        print(f"  {r['count']:2}x {name} x={r['x']} w={r['w']} s={r['attrs']['stride']} g={r['attrs']['groups']}: jitops "
               f"{r['jitops_us']:7.1f} cuDNN {r['cudnn_us']:7.1f} ratio {r['ratio']:.2f} {r['pick'][:70]}", flush=True)
     return rows
 

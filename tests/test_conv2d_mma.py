@@ -255,6 +255,105 @@ def test_wgmma_only_on_hopper_and_half():
         assert launch.block[0] == 128 * (int(s["bm"]) // 64 + int(s["producer"]))
 
 
+def _emulate(launch, buffers: dict):
+    """Run one plan launch (a layout kernel) on the CPU emulator over numpy buffers, by name."""
+    from jitops.ops.base import Buf
+    from jitops.prepared import kernel_source
+    from jitops.runtime.base import PackedArgs
+    backend = jitops.get_backend("cpu")
+    source = kernel_source(backend.device, launch)
+    kernel = backend.load(backend.compile(source, [launch.kernel], launch.kernel), [launch.kernel])[launch.kernel]
+    kinds = ["ptr" if isinstance(a, Buf) else a.kind for a in launch.args]
+    packed = PackedArgs(kinds, [a.name if isinstance(a, Buf) else f"arg{i}" for i, a in enumerate(launch.args)])
+    for i, a in enumerate(launch.args):
+        if isinstance(a, Buf):
+            arr = buffers[a.name]
+            packed.set_buffer(i, arr.ctypes.data, arr.nbytes, arr.itemsize)
+        else:
+            packed.set(i, a.value)
+    backend.launch(kernel, launch.grid, launch.block, launch.shared_bytes, packed, 0)
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("case", [((2, 3, 23, 29), (24, 3, 7, 7), {"stride": 2, "padding": 3}),
+                                  ((1, 4, 17, 20), (16, 4, 5, 5), {"stride": (1, 2), "padding": (2, 1, 0, 3)}),
+                                  ((1, 3, 32, 32), (8, 3, 16, 16), {"stride": 16})])
+def test_window_rows_layouts_make_the_convolution(case, layout):
+    """The window-rows GEMM (RGB stems on wgmma): the padded 4-channel copy and the weight pack, run on
+    the emulator from the sm_90 plan, give the float64 convolution when multiplied as the template
+    gathers them (row r of a window: pixels 2q, 2q + 1 of 4 channels at the chunk q), every chunk an
+    aligned 16-byte piece inside the copy. The wgmma kernel itself runs on the device only
+    (tests/test_gpu_conv2d.py)."""
+    from jitops.ops import conv2d_mma as mm
+    from jitops.ops import conv2d_wgmma as wg
+    xs, ws, attrs = case
+    hopper = jitops.get_backend(target="sm_90").device
+    p = op.make_problem({"x": TensorSpec(xs, "float16", "nhwc" if layout == "nhwc" else ""),
+                         "w": TensorSpec(ws, "float16"), "bias": None}, attrs)
+    s = op.heuristic(p, hopper, wg.ALGORITHM)
+    assert s["window_rows"] == 1
+    plan = op.plan(p, s, hopper)
+    win = mm.window_rows(p)
+    pad, = [l for l in plan.launches if l.kernel == "conv2d_pad4"]
+    pack, = [l for l in plan.prepare if l.kernel == "conv2d_pack_window_rows"]
+    gemm, = [l for l in plan.launches if l.kernel == "conv2d_implicit_gemm_wgmma"]
+    assert dict(gemm.params)["window_rows"] == win.rk
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(xs).astype(np.float16)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float16)
+    x_in = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if layout == "nhwc" else x
+    xp = np.full((xs[0], win.hp, win.wp, 4), np.nan, np.float16)
+    wp = np.full((ws[0], win.kp), np.nan, np.float16)
+    _emulate(pad, {"x": x_in, "x_nhwc": xp})
+    _emulate(pack, {"w": w, "packed_w": wp})
+    assert np.isfinite(xp).all() and np.isfinite(wp).all()
+    sh, sw = p.stride
+    pairs = win.rk // 8
+    assert sw % 2 == 0 and win.wp % 2 == 0                # every pixel pair starts on 16 bytes
+    assert (p.oh - 1) * sh + p.kh <= win.hp and (p.ow - 1) * sw + 2 * pairs <= win.wp
+    k = np.arange(win.kp)
+    r, pix, c = k // win.rk, (k % win.rk) // 4, k % 4
+    oh, ow = np.meshgrid(np.arange(p.oh), np.arange(p.ow), indexing="ij")
+    rows = np.minimum(oh[..., None] * sh + r, win.hp - 1)
+    a = xp[:, rows, ow[..., None] * sw + pix, c].astype(np.float64)          # [n, oh, ow, kp]
+    a[..., r >= p.kh] = 0.0                                                  # rows past the window: not loaded
+    y = np.einsum("nhwk,ok->nohw", a, wp.astype(np.float64))
+    ref = op.reference(p, {"x": x_in.astype(np.float64), "w": w.astype(np.float64), "bias": None})["y"]
+    if layout == "nhwc":
+        ref = ref.transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_window_rows_picked_for_stems_and_refused_elsewhere():
+    """On sm_90 the heuristic runs RGB stems that land on wgmma as window rows (ResNet-50's 7x7: 4 K
+    tiles of 64 instead of 7; a persistent grid on NHWC), with a reason in `why`; a forced window-rows
+    schedule where it does not apply says why."""
+    from jitops.ops import conv2d_mma as mm
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import Schedule
+    hopper = jitops.get_backend(target="sm_90").device
+    stem = op.make_problem({"x": TensorSpec((32, 3, 224, 224), "float16", "nhwc"),
+                            "w": TensorSpec((64, 3, 7, 7), "float16"), "bias": None}, {"stride": 2, "padding": 3})
+    s = op.heuristic(stem, hopper)
+    assert s.algorithm == wg.ALGORITHM and s["window_rows"] == 1 and s["persistent"] == 1
+    assert "window rows" in s.why
+    assert mm.window_rows(stem) == mm.WindowRows(rk=32, kp=256, hp=229, wp=230)
+    assert mm.k_padded(stem, 64) == 448
+    for xs, ws, attrs, match in (
+            ((2, 8, 32, 32), (16, 8, 7, 7), {"stride": 2}, "at most 4 input channels"),
+            ((2, 3, 32, 32), (16, 3, 7, 7), {"stride": 1}, "even horizontal stride"),
+            ((2, 3, 32, 32), (16, 3, 3, 3), {"stride": 2, "dilation": 2}, "no dilation"),
+            ((2, 3, 64, 64), (16, 3, 17, 17), {"stride": 2}, "KW <= 16"),
+            ((2, 3, 32, 32), (16, 3, 7, 7), {"stride": 2, "precision": "tf32"}, "float16 or bfloat16")):
+        dtype = "float32" if "precision" in attrs else "float16"
+        p = op.make_problem({"x": TensorSpec(xs, dtype, "nhwc"), "w": TensorSpec(ws, dtype), "bias": None}, attrs)
+        forced = Schedule.make(wg.ALGORITHM, bm=128, bn=64, bk=wg.bk_of(p), stages=4, producer=0, split_k=1,
+                               math="wgmma", window_rows=1)
+        with pytest.raises(ScheduleError, match=match):
+            op.plan(p, forced, hopper)
+        assert "window_rows" not in op.heuristic(p, hopper).as_dict()["params"]
+
+
 def test_wgmma_persistent_grid():
     """The persistent wgmma grid: one block per resident slot (shared memory without the fp32
     epilogue tile), offered only where blocks loop over tiles, refused with a reason for NCHW

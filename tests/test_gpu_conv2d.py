@@ -309,6 +309,45 @@ def test_wgmma_persistent_matches_float64(gpu_backend, dtype):
     assert looped >= 8          # most of them ran blocks over several tiles
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wgmma_window_rows_matches_float64(gpu_backend, dtype):
+    """The window-rows wgmma GEMM (RGB stems: K as window rows of 4-channel pixel pairs read from a
+    zero-padded copy) on edge shapes: 3 and 4 channels, 7x7 / 5x5 / 3x3 / 4x4 / 16x16 windows, M and N
+    not multiples of the tile, uneven padding, stride (1, 2), NCHW and NHWC, bias + residual +
+    activation; plain and persistent grids of several tiles, into NaN-filled outputs."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"wgmma needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    tol = 4e-3 if dtype == torch.float16 else 2e-2
+    cases = (((3, 3, 37, 53), (72, 3, 7, 7), {"padding": 3, "stride": 2, "activation": "relu"}, "nhwc"),
+             ((2, 4, 31, 45), (40, 4, 5, 5), {"padding": (2, 1), "stride": (1, 2)}, "nchw"),
+             ((2, 3, 64, 66), (24, 3, 3, 3), {"padding": 1, "stride": 2, "activation": "leaky_relu", "alpha": 0.1},
+              "nhwc"),
+             ((4, 3, 56, 56), (96, 3, 4, 4), {"stride": 4}, "nhwc"),
+             ((2, 3, 64, 48), (200, 3, 16, 16), {"stride": 16}, "nchw"),
+             ((16, 3, 96, 96), (64, 3, 7, 7), {"padding": 3, "stride": 2, "activation": "relu"}, "nhwc"))
+    tiles = ((128, 64, 4, 0), (64, 64, 4, 0), (128, 128, 4, 0), (64, 128, 4, 0), (128, 192, 4, 0), (256, 128, 4, 0))
+    for i, (xs, ws, attrs, layout) in enumerate(cases):
+        cl = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        x = rand(*xs, dtype=dtype, seed=i).to(memory_format=cl)
+        w = rand(*ws, dtype=dtype, scale=(ws[1] * ws[2] * ws[3]) ** -0.5, seed=i + 10)
+        b = rand(ws[0], dtype=dtype, seed=i + 20)
+        act, alpha = attrs.get("activation"), attrs.get("alpha", 0.01)
+        conv = {k: v for k, v in attrs.items() if k not in ("activation", "alpha")}
+        ref = F.conv2d(x.double(), w.double(), b.double(), **conv)
+        r = rand(*ref.shape, dtype=dtype, seed=i + 30).to(memory_format=cl)
+        ref = ref + r.double()
+        ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
+        for tile in tiles:
+            for persistent in ((False, True) if layout == "nhwc" else (False,)):
+                s = wg.schedule(*tile, bk=64, persistent=persistent, rows=True)
+                out = torch.full_like(r, float("nan"))
+                y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs)
+                assert not torch.isnan(y).any(), (s, xs)
+                err = float((y.double() - ref).abs().max() / ref.abs().max())
+                assert err <= tol, (s, xs, ws, err)
+
+
 def _nchw_1x1_case(xs, ws, dtype, seed):
     """An NCHW 1x1 conv with bias, residual and ReLU: its tensors, the float64 result and the problem."""
     x = rand(*xs, dtype=dtype, seed=seed)

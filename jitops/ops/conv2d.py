@@ -129,6 +129,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                 out.append((res_nhwc, conv2d_wgmma.tma_schedule((256, 128, 4, 2, 232), 64)))      # TMA, setmaxnreg
                 nchw_1x1 = _problem((2, 40, 8, 6), (72, 40, 1, 1), dtype, bias=True, residual=True, activation="relu")
                 out.append((nchw_1x1, conv2d_wgmma.schedule(128, 64, 4, 0, b_nchw=True)))          # NCHW read in place
+                out.append((rgb, conv2d_wgmma.schedule(64, 64, 4, 0, rows=True)))                  # RGB window rows
             continue
         tf32 = _problem((2, 12, 9, 7), (24, 12, 3, 3), dtype, bias=True, padding=1, stride=2, activation="relu",
                         residual=True, precision="3xtf32")

@@ -71,9 +71,49 @@ def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split
                          math="mma", **extra)
 
 
+@dataclass(frozen=True)
+class WindowRows:
+    """K and the padded input of the window-rows GEMM (wgmma.hip.j2 `window_rows`, for inputs of at
+    most 4 channels: RGB stems). A window row is rk elements: its KW pixels of 4 channels, padded to a
+    power-of-two count of 16-byte pixel pairs; K is KH such rows, padded to kp. The input is copied,
+    zero-padded, to [N][hp][wp][4] so that every pixel pair the GEMM reads lies inside it and, with
+    an even horizontal stride and wp even, starts on 16 bytes."""
+
+    rk: int
+    kp: int
+    hp: int
+    wp: int
+
+
+def window_rows_why_not(p: Conv2dProblem) -> str | None:
+    """Why the window-rows GEMM cannot run this problem (device aside), or None."""
+    if p.dtype not in ("float16", "bfloat16"):
+        return f"the window-rows GEMM takes float16 or bfloat16 (got {p.dtype})"
+    if p.groups != 1 or p.cin > 4:
+        return f"the window-rows GEMM takes one group of at most 4 input channels (got {p.groups} x {p.cin_g})"
+    if p.dilation != (1, 1) or p.stride[1] % 2 or p.kw > 16:
+        return ("the window-rows GEMM needs no dilation, an even horizontal stride and KW <= 16 (got dilation "
+                f"{p.dilation}, stride {p.stride}, KW {p.kw})")
+    return None
+
+
+def window_rows(p: Conv2dProblem, bk: int = 64) -> WindowRows:
+    pairs = 1
+    while 2 * pairs < p.kw:
+        pairs *= 2
+    wp = (p.ow - 1) * p.stride[1] + 2 * pairs
+    return WindowRows(rk=8 * pairs, kp=ceil_div(p.kh * 8 * pairs, bk) * bk, hp=(p.oh - 1) * p.stride[0] + p.kh,
+                      wp=wp + wp % 2)
+
+
+def is_window_rows(s: Schedule) -> bool:
+    return bool(int(s.get("window_rows", 0)))
+
+
 def splits_of(p: Conv2dProblem, s: Schedule) -> tuple[int, int]:
     """(splits, K tiles per split) as planned: no split leaves a block without K tiles."""
-    kt = k_padded(p, int(s["bk"])) // int(s["bk"])
+    kp = window_rows(p, int(s["bk"])).kp if is_window_rows(s) else k_padded(p, int(s["bk"]))
+    kt = kp // int(s["bk"])
     per = ceil_div(kt, max(1, int(s.get("split_k", 1))))
     return ceil_div(kt, per), per
 
@@ -207,17 +247,20 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
                 threads: int, shared: int) -> Plan:
     """A matrix-core GEMM launch (mma.hip.j2 or wgmma.hip.j2: the same arguments and epilogue)
     with what surrounds it: the weight pack (prepare), the NHWC copy of the input where it is
-    needed, and the split-K reduction."""
+    needed (the zero-padded 4-channel copy for window rows), and the split-K reduction."""
     from .conv2d_plans import _splitk_launch
     bk = int(s["bk"])
-    cs, cgp = a_channels(p, s), channels(p)[1]
-    kp = k_padded(p, bk)
+    window = window_rows(p, bk) if is_window_rows(s) else None
+    if window:            # the GEMM reads the padded copy: its sizes, no padding left
+        cs, cgp, kp, h, w, pad = 4, window.rk, window.kp, window.hp, window.wp, (0, 0)
+    else:
+        cs, cgp, kp, h, w, pad = a_channels(p, s), channels(p)[1], k_padded(p, bk), p.h, p.w, p.pad[:2]
     splits, kt_per_split = splits_of(p, s)
     m = p.pixels
     if m > INT32_MAX - int(s["bm"]) or grid[1] > 65535 or grid[2] > 65535:
         raise ScheduleError(f"{s.algorithm} grid {grid} exceeds the launch limits")
     ctype = C_TYPE[p.dtype]
-    x_elems = p.n * p.h * p.w * cs
+    x_elems = p.n * h * w * cs
     y_elems = p.n * p.cout * p.oh * p.ow
     packed = p.cout * kp
     np_ = ceil_div(m, 8) * 8
@@ -225,7 +268,7 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     idx = index_type(x_elems + 64, y_elems + 64, packed + 64, p.n * p.cin * p.h * p.w + 64, partial + 64)
     out_nhwc = p.layout == "nhwc"
     vec_out = p.cout_g % 8 == 0 if out_nhwc else (p.oh * p.ow) % 8 == 0
-    copy = needs_nhwc_copy(p, s)
+    copy = window is not None or needs_nhwc_copy(p, s)
     fused = splits == 1
     params = {**params, "ctype": ctype, "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
@@ -235,21 +278,43 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
     args = (Buf("x_nhwc") if copy else Buf("x", align=x_align), Buf("packed_w"),
             *((Buf("bias", align=bias_align),) if p.has_bias and fused else ()),
             *((Buf("residual", align=out_align),) if p.has_residual and fused else ()), *outs,
-            *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, p.h, p.w, p.oh, p.ow, p.kh, p.kw,
-                                         p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.dilation[0],
+            *(Scalar("i32", v) for v in (m, p.cout_g, p.cout, kp, cs, cgp, h, w, p.oh, p.ow, p.kh, p.kw,
+                                         p.stride[0], p.stride[1], pad[0], pad[1], p.dilation[0],
                                          p.dilation[1])),
             Scalar("f32", p.alpha))
     gemm = Launch.make(template, kernel, params, grid, (threads,), args, shared)
-    pack = pack_launch(p, idx, kp, cgp)
+    pack = pack_rows_launch(p, idx, window) if window else pack_launch(p, idx, kp, cgp)
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
-        launches.insert(0, nhwc_copy_launch(p, idx, cs))
+        launches.insert(0, pad4_launch(p, idx, window) if window else nhwc_copy_launch(p, idx, cs))
         workspaces.append(Workspace("x_nhwc", x_elems * p.itemsize))
     if not fused:
         workspaces.append(Workspace("partial", partial * 4))
         launches.append(_splitk_launch(p, splits, np_, idx, residual=p.has_residual, out_nhwc=out_nhwc))
     return Plan(launches=tuple(launches), workspaces=tuple(workspaces), prepare=(pack,))
+
+
+def pack_rows_launch(p: Conv2dProblem, idx: str, window: WindowRows) -> Launch:
+    """The weight pack of the window-rows GEMM: OIHW w -> packed_w[cout][kp], k = r * rk + s * 4 + c."""
+    packed = p.cout * window.kp
+    return Launch.make("conv2d/layout.hip.j2", "conv2d_pack_window_rows",
+                       {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": LAYOUT_BLOCK, "stage": "pack_rows"},
+                       (ceil_div(packed, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                       (Buf("w"), Buf("packed_w"), Scalar("i32" if idx == "int" else "i64", packed),
+                        *(Scalar("i32", v) for v in (window.kp, window.rk, p.cin_g, p.kh, p.kw))))
+
+
+def pad4_launch(p: Conv2dProblem, idx: str, window: WindowRows) -> Launch:
+    """x (NCHW or NHWC, at most 4 channels) -> x_nhwc[N][hp][wp][4], zero-padded (top, left by the
+    problem's padding)."""
+    total = p.n * window.hp * window.wp
+    return Launch.make("conv2d/layout.hip.j2", "conv2d_pad4",
+                       {"ctype": C_TYPE[p.dtype], "index_type": idx, "block": LAYOUT_BLOCK, "stage": "pad4",
+                        "src_nhwc": p.layout == "nhwc"},
+                       (ceil_div(total, LAYOUT_BLOCK),), (LAYOUT_BLOCK,),
+                       (Buf("x"), Buf("x_nhwc"), Scalar("i32" if idx == "int" else "i64", total),
+                        *(Scalar("i32", v) for v in (p.cin, p.h, p.w, window.hp, window.wp, p.pad[0], p.pad[1]))))
 
 
 def pack_launch(p: Conv2dProblem, idx: str, kp: int, cgp: int) -> Launch:

@@ -177,6 +177,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
     pool = _pool(p, device, algorithm)
     best, t = _best(p, device, pool)
+    rows = wgmma.window_rows_twin(p, best) if algorithm in (None, wgmma.ALGORITHM) else None
+    if rows is not None:
+        best = rows
     twin = wgmma.persistent_twin(p, best, device) if algorithm in (None, wgmma.ALGORITHM) else None
     others = []
     for alg in ALGORITHMS:
@@ -190,6 +193,8 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
            f"{best} estimated {t * 1e6:.1f} us")
     if others:
         why += " (best of the others, us: " + ", ".join(others) + ")"
+    if best.algorithm == wgmma.ALGORITHM and wgmma.is_window_rows(best):
+        why += "; K as window rows of 4-channel pixels (at most 4 input channels)"
     if twin is not None:
         best = twin
         why += "; on a persistent grid (short K: the next tile's loads overlap the epilogue)"

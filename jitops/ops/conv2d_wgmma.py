@@ -6,9 +6,11 @@ from shared memory, so a warpgroup's products run while its threads prepare the 
 arch-specific target sm_90a exists on compute capability 9.0 only; elsewhere the mma.sync kernel
 stays the matrix-core path.
 
-Two variants: `persistent` (a grid of resident blocks looping over tiles, for short K) and `b_nchw`
+Variants: `persistent` (a grid of resident blocks looping over tiles, for short K), `b_nchw`
 (a 1x1 convolution of an NCHW input as y_n = W x_n per image, templates/conv2d/wgmma_nchw.hip.j2:
-the image read in place as wgmma's transposed B, no NHWC copy).
+the image read in place as wgmma's transposed B, no NHWC copy) and `window_rows` (inputs of at most
+4 channels, RGB stems: K made of window rows of 4-channel pixels instead of taps of 8 channels,
+conv2d_mma.WindowRows; ResNet-50's 7x7 stem has 4 K tiles instead of 7).
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from dataclasses import dataclass, field
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div, index_type
-from .conv2d_mma import (channels, epilogue_bytes, k_padded, needs_nhwc_copy, nhwc_copy_launch, pack_launch,
-                         plan_around, splits_of)
+from .conv2d_mma import (channels, epilogue_bytes, is_window_rows, k_padded, needs_nhwc_copy, nhwc_copy_launch,
+                         pack_launch, plan_around, splits_of, window_rows, window_rows_why_not)
 from .conv2d_problem import Conv2dProblem
 
 ALGORITHM = "implicit_gemm_wgmma"
@@ -129,8 +131,10 @@ def bk_of(p: Conv2dProblem) -> int:
 
 def schedule(bm: int, bn: int, stages: int, producer: int, split_k: int = 1, why: str = "", bk: int = 64,
              persistent: bool = False, b_nchw: bool = False, tma: int = 0, regs: int = 0,
-             pingpong: bool = False) -> Schedule:
+             pingpong: bool = False, rows: bool = False) -> Schedule:
     extra = {"persistent": 1} if persistent else {}
+    if rows:
+        extra["window_rows"] = 1
     if b_nchw:
         extra["b_nchw"] = 1
     if tma:
@@ -236,8 +240,14 @@ def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     persistent = is_persistent(s)
     splits, _ = splits_of(p, s)
     threads = _check(p, tile, device, persistent, splits)
+    rows = 0
+    if is_window_rows(s):
+        reason = window_rows_why_not(p)
+        if reason:
+            raise ScheduleError(reason)
+        rows = window_rows(p, bk_of(p)).rk
     params = {"BM": bm, "BN": bn, "BK": bk_of(p), "STAGES": stages, "WG": bm // 64, "producer": producer,
-              "threads": threads, "persistent": persistent, "min_blocks": 1}
+              "threads": threads, "persistent": persistent, "min_blocks": 1, "window_rows": rows}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     if persistent:
         resident = persistent_blocks(bm, bn, stages, device)
@@ -273,6 +283,9 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
                 if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
     out += [schedule(*tile, bk=bk_of(p), persistent=True) for tile in PERSISTENT_TILES
             if persistent_offered(p, tile, device)]
+    if window_rows_why_not(p) is None and why_not(p, device) is None:
+        out += [Schedule.make(ALGORITHM, **{**c.as_dict()["params"], "window_rows": 1}) for c in out
+                if not is_nchw_1x1(c) and splits_of(p, c)[0] == 1]
     return out + tma_candidates(p, device)
 
 
@@ -287,6 +300,18 @@ def persistent_offered(p: Conv2dProblem, tile: tuple[int, int, int, int], device
         return False
     return ceil_div(p.pixels, tile[0]) * ceil_div(p.cout_g, tile[1]) * p.groups > \
         device.multiprocessors * persistent_blocks(*tile[:3], device)
+
+
+def window_rows_twin(p: Conv2dProblem, s: Schedule) -> Schedule | None:
+    """The window-rows form of a picked wgmma schedule (same tile), wherever it applies: it runs fewer
+    K tiles (7x7 stem: 4 instead of 7) on a smaller input copy, and it was faster or even in every
+    case timed (H100, 2026-11-27 04:29, docs/data/conv2d_window_rows_h100_2026-11-27/, fp16 / bf16:
+    ResNet-50's stem b1 / b8 / b32 1.3-1.8x, ViT-B/16's patches 2.0x, ConvNeXt's 4x4 1.2x, a 3x3
+    stride-2 stem 1.4x). The cost model reads both as bound by the same output bytes and would
+    keep the first; the rule does not need it to tell them apart."""
+    if s.algorithm != ALGORITHM or is_window_rows(s) or is_tma(s) or is_nchw_1x1(s) or window_rows_why_not(p):
+        return None
+    return Schedule.make(ALGORITHM, **{**s.as_dict()["params"], "window_rows": 1})
 
 
 # Longest K (elements, padded) for which the heuristic swaps a pick for its persistent twin.
@@ -309,7 +334,7 @@ def persistent_twin(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Schedu
     if tile not in TWIN_TILES or p.cout_g % 8 or k_padded(p, bk_of(p)) > PERSISTENT_MAX_K \
             or not persistent_offered(p, tile, device):
         return None
-    return schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why)
+    return schedule(*tile, bk=int(s["bk"]), persistent=True, why=s.why, rows=is_window_rows(s))
 
 
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
