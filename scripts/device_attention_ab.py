@@ -6,6 +6,7 @@ into a NaN-filled output; then the pick, every variant and SDPA are timed with C
 does not apply to a shape (a ScheduleError) is reported and skipped.
 
     python3 scripts/device_attention_ab.py --variant g4=groups=4,block_k=64,tma=1,stages=3,release=1 \
+        [--variant wg=heuristic:fused_wgmma (the scheduler's schedule of an algorithm)] \
         [--variant ...] [--shapes "B=8 H=16 S=2048 D=128,..."] [--dtypes float16,bfloat16] [--out DIR]
         [--old-picks FILE]   (each shape's pick at an earlier commit, timed as 'old': see --help)
 """
@@ -33,6 +34,16 @@ SHAPES = [("B=8 H=16 S=2048 D=64", (8, 16, 2048, 64), (8, 16, 2048, 64), False),
           ("DiT-XL D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),
           ("Whisper enc S=1500", (1, 20, 1500, 64), (1, 20, 1500, 64), False),
           ("BERT-base b32 S=384", (32, 12, 384, 64), (32, 12, 384, 64), False),
+          ("BERT-base b8 S=384", (8, 12, 384, 64), (8, 12, 384, 64), False),
+          ("BERT-large b16 S=512", (16, 16, 512, 64), (16, 16, 512, 64), False),
+          ("ViT-L/16 b32 S=197", (32, 16, 197, 64), (32, 16, 197, 64), False),
+          ("ViT-L/16 b8 S=197", (8, 16, 197, 64), (8, 16, 197, 64), False),
+          ("ViT-B/16 b32 S=197", (32, 12, 197, 64), (32, 12, 197, 64), False),
+          ("ViT-B/16 b8 S=197", (8, 12, 197, 64), (8, 12, 197, 64), False),
+          ("ViT-B/16 b1 S=197", (1, 12, 197, 64), (1, 12, 197, 64), False),
+          ("DeiT-S b64 S=197", (64, 6, 197, 64), (64, 6, 197, 64), False),
+          ("B=16 H=12 S=160 D=64", (16, 12, 160, 64), (16, 12, 160, 64), False),
+          ("B=16 H=12 S=160 D=128", (16, 12, 160, 128), (16, 12, 160, 128), False),
           ("SD1.5 self D=40", (2, 8, 4096, 40), (2, 8, 4096, 40), False),
           ("SD1.5 self D=40 B=8", (8, 8, 4096, 40), (8, 8, 4096, 40), False),
           ("SD2 self D=64 S=9216", (2, 5, 9216, 64), (2, 5, 9216, 64), False),
@@ -85,15 +96,21 @@ def parse_variant(text: str):
     the fields to lay over each shape's pick)."""
     from jitops.ops.base import Schedule, parse_value
     label, _, body = text.partition("=")
+    if body.startswith("heuristic:"):        # the scheduler's own schedule of that algorithm
+        return label, body.removeprefix("heuristic:")
     over_pick = body.startswith("pick:")
     fields = dict(item.split("=", 1) for item in body.removeprefix("pick:").split(","))
     values = {k: parse_value(v) for k, v in fields.items()}
     return label, (values if over_pick else Schedule.make("fused_wgmma", **values))
 
 
-def resolve(variant, pick):
-    """A variant's schedule for one shape: its own, or the pick with the variant's fields laid over it."""
+def resolve(variant, pick, p=None, device=None):
+    """A variant's schedule for one shape: its own, the pick with the variant's fields laid over it,
+    or (a name) the scheduler's schedule of that algorithm."""
+    from jitops.ops import get_op
     from jitops.ops.base import Schedule
+    if isinstance(variant, str):
+        return get_op("attention").heuristic(p, device, variant)
     if isinstance(variant, dict):
         return Schedule.make(pick.algorithm, **(pick.as_dict()["params"] | variant))
     return variant
@@ -130,7 +147,7 @@ def main() -> int:
             specs = {"q": TensorSpec(qs, dtype), "k": TensorSpec(kvs, dtype), "v": TensorSpec(kvs, dtype), "mask": None}
             p = op.make_problem(specs, {"causal": causal})
             pick = op.heuristic(p, device)
-            scheds = [("pick", pick)] + [(label, resolve(v, pick)) for label, v in variants]
+            scheds = [("pick", pick)] + [(label, resolve(v, pick, p, device)) for label, v in variants]
             if old_picks and name in old_picks:
                 scheds.append(("old", Schedule.make("fused_wgmma", **old_picks[name])))
             g = torch.Generator(device="cuda").manual_seed(1)

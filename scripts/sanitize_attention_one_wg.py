@@ -1,5 +1,6 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
-synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA.
+synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
+short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -8,7 +9,7 @@ import torch
 import jitops
 from jitops.ops.base import Schedule
 
-for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {})):
+for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {}), (64, 64, {"bounded": 1})):
     q = torch.randn(1, 4, 90, d, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.float16) for _ in range(2))
     for causal in (False, True):

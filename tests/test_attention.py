@@ -473,7 +473,8 @@ def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
-    up to 256, GQA, causal, masks) and from 128 where the tiles are not padding; fused_mma for
+    up to 256, GQA, causal, masks), from 128 where the tiles are not padding, and for 128-255 queries
+    and keys without causal masking or a mask on a wave of blocks or more (ViT); fused_mma for
     decoding, other short sequences or D=36; never on sm_80 or for fp32."""
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
@@ -504,9 +505,19 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     small = op.heuristic(_hopper_problem((1, 8, 128, 64), (1, 8, 128, 64)), h100)      # host-bound: fused_mma
     assert small.algorithm == "fused_mma", small
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
-                         ((8, 12, 197, 64), (8, 12, 197, 64), "float16"),        # ViT: 197 rows pad 128-row tiles
+                         ((1, 12, 197, 64), (1, 12, 197, 64), "float16"),        # ViT b1: under a wave, host-bound
+                         ((8, 12, 197, 64), (8, 12, 77, 64), "float16"),         # 77 keys: short cross-attention
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
+    # 128-255 queries and keys that 128-key tiles would pad (ViT's 197): one warpgroup of 64 rows per
+    # block and 64-key tiles up to DP = 64, two warpgroups of 64-key tiles above; not causal, no mask
+    for q, tiles in (((8, 12, 197, 64), (1, 64)), ((64, 6, 197, 64), (1, 64)), ((16, 12, 160, 128), (2, 64))):
+        s = op.heuristic(_hopper_problem(q, q), h100)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (*tiles, 1), s
+        assert not s.get("producer", 0), s
+    for causal, mask in ((True, False), (False, True)):
+        s = op.heuristic(_hopper_problem((8, 12, 197, 64), (8, 12, 197, 64), causal=causal, mask=mask), h100)
+        assert s.algorithm == "fused_mma", (causal, mask, s)
     clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64)), h100)   # 256 and more: wgmma
     # 257 keys in 128-key tiles would be a third padding: 64-key tiles, 3 warpgroups and a producer
     assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["producer"] == 1 and clip["tma"] == 1, clip

@@ -327,7 +327,8 @@ def test_wgmma_tma_loads(dtype, d):
     plain = [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, stages=ring, **extra)
              for g, bk, ring, extra in ((2, 64, 2, {}), (2, 128, 3, {}), (3, 64, 4, {}), (2, 64, 2, {"release": 1}),
                                         (3, 64, 3, {"release": 1}), (1, 128, 2, {}), (1, 64, 2, {"release": 1}),
-                                        (4, 128, 3, {"release": 1, "bounded": 1}))     # the D = 40 pick
+                                        (4, 128, 3, {"release": 1, "bounded": 1}),     # the D = 40 pick
+                                        (1, 64, 2, {"bounded": 1}))                    # ViT's 197 tokens
              if fits(d, g, bk, device, ring, False, True)]
     assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
     for sched in producer + plain:

@@ -104,9 +104,22 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     whose tensor maps are encoded per pointer in Python)."""
     if p.sq >= 256 and p.sk >= 256:
         return True
+    if short_prefill(p):
+        return p.batch * p.heads * ceil_div(p.sq, 64) >= device.multiprocessors
     blocks = p.batch * p.heads * ceil_div(p.sq, 128)
     return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and _tile_use(p.sq, 128) >= 0.9
             and _tile_use(p.sk, 128) >= 0.9 and blocks >= device.multiprocessors)
+
+
+def short_prefill(p: AttentionProblem) -> bool:
+    """128-255 queries and keys that 128-key tiles would pad (ViT's 197 tokens), without causal
+    masking or a mask: the plain TMA loop, one warpgroup of 64 rows per block (up to 4 blocks per SM)
+    with 64-key tiles up to DP = 64, two warpgroups of 64-key tiles above. H100, 2026-11-27 04:47
+    (scripts/device_attention_ab.py --rotate --discard-first, fp16 / bf16, against fused_mma, the pick
+    before): ViT-B/16 b8 / b32 1.31x / 1.28x, ViT-L/16 b8 / b32 1.27x / 1.35x, DeiT-S b64 1.29x,
+    B=16 H=12 S=160 D=64 1.36x, D=128 1.65x (vs SDPA: 1.30x / 0.90x, 1.11x / 0.91x, 0.90x, 1.20x, 0.99x). Calls under a wave of 64-row blocks (ViT-B b1) keep fused_mma: host-bound when eager."""
+    return (128 <= p.sq < 256 and 128 <= p.sk < 256 and p.causal == "none" and not p.has_mask
+            and not (padded_dim(p.d) <= 64 and _tile_use(p.sq, 128) >= 0.9 and _tile_use(p.sk, 128) >= 0.9))
 
 
 def three_group_gain(d: int, causal: bool) -> float:
@@ -181,7 +194,9 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
       the producer loop was as fast until the descriptors moved to uniform registers and ptxas was
       asked for two blocks per SM (17:28 UTC): since then the plain loop runs Llama-3 prefill in
       78.3 us against 91.3 (1.17x) and causal B=8 H=16 S=2048 D=128 in 332.5 against 434.5 (1.31x);
-    - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop.
+    - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop;
+    - 128-255 queries and keys padded by 128-key tiles up to DP = 64 (`short_prefill`, 2026-11-27): one
+      warpgroup per block and 64-key tiles.
     Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x.
     release: consumer warps free each buffer on an mbarrier instead of a block barrier per tile (one
     warpgroup may run a tile ahead). Same H100, 15:42: causal B=8 H=16 S=2048 1.03x, GPT-2 1.03x,
@@ -189,7 +204,7 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     dp = padded_dim(p.d)
     causal = p.causal != "none"
     if dp <= 64:
-        tiles = (2, 128, causal) if _tile_use(p.sk, 128) >= 0.9 else None
+        tiles = (2, 128, causal) if _tile_use(p.sk, 128) >= 0.9 else (1, 64, causal) if short_prefill(p) else None
     else:
         tiles = (2, 64, dp > 160)
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
