@@ -314,7 +314,7 @@ def test_wgmma_window_rows_matches_float64(gpu_backend, dtype):
     """The window-rows wgmma GEMM (RGB stems: K as window rows of 4-channel pixel pairs read from a
     zero-padded copy) on edge shapes: 3 and 4 channels, 7x7 / 5x5 / 3x3 / 4x4 / 16x16 windows, M and N
     not multiples of the tile, uneven padding, stride (1, 2), NCHW and NHWC, bias + residual +
-    activation; plain and persistent grids of several tiles, into NaN-filled outputs."""
+    activation; plain and persistent grids of several tiles and split-K, into NaN-filled outputs."""
     if not _hopper(gpu_backend):
         pytest.skip(f"wgmma needs an sm_90 device, this is {gpu_backend.device.arch}")
     from jitops.ops import conv2d_wgmma as wg
@@ -338,14 +338,15 @@ def test_wgmma_window_rows_matches_float64(gpu_backend, dtype):
         r = rand(*ref.shape, dtype=dtype, seed=i + 30).to(memory_format=cl)
         ref = ref + r.double()
         ref = F.relu(ref) if act == "relu" else F.leaky_relu(ref, alpha) if act == "leaky_relu" else ref
-        for tile in tiles:
-            for persistent in ((False, True) if layout == "nhwc" else (False,)):
-                s = wg.schedule(*tile, bk=64, persistent=persistent, rows=True)
-                out = torch.full_like(r, float("nan"))
-                y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs)
-                assert not torch.isnan(y).any(), (s, xs)
-                err = float((y.double() - ref).abs().max() / ref.abs().max())
-                assert err <= tol, (s, xs, ws, err)
+        runs = [wg.schedule(*tile, bk=64, persistent=persistent, rows=True) for tile in tiles
+                for persistent in ((False, True) if layout == "nhwc" else (False,))]
+        runs.append(wg.schedule(64, 64, 4, 0, split_k=2, bk=64, rows=True))       # split-K: K tiles from kt0 on
+        for s in runs:
+            out = torch.full_like(r, float("nan"))
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **attrs)
+            assert not torch.isnan(y).any(), (s, xs)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (s, xs, ws, err)
 
 
 def _nchw_1x1_case(xs, ws, dtype, seed):
