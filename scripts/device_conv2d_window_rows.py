@@ -6,7 +6,8 @@ ReLU on the odd cases); then the pick, the window-rows twins of the pick's tile 
 and of two more tiles, and cuDNN at its best layout are timed with CUDA-graph replay, in --passes
 rotated passes (each entry timed first once), the faster pass of each.
 
-    python3 scripts/device_conv2d_window_rows.py OUT_DIR [--dtypes float16,bfloat16] [--passes 3]
+    python3 scripts/device_conv2d_window_rows.py OUT_DIR [--dtypes float16,bfloat16,float32] [--passes 3]
+        (float32: precision "tf32" here, cuDNN with TF32)
     compute-sanitizer --tool memcheck python3 scripts/device_conv2d_window_rows.py --sanitize
         (a few small cases once, plain and persistent grids, NCHW and NHWC, bias + residual + ReLU)
 """
@@ -52,7 +53,7 @@ def rows_twins(p, pick, device) -> list[tuple[str, Schedule]]:
     from jitops.ops import conv2d_wgmma as W
     out = []
     base = pick.as_dict()["params"] if pick.algorithm == W.ALGORITHM and not W.is_tma(pick) else \
-        {"bm": 128, "bn": 64, "bk": 64, "stages": 4, "producer": 0, "split_k": 1, "math": "wgmma"}
+        {"bm": 128, "bn": 64, "bk": W.bk_of(p), "stages": 4, "producer": 0, "split_k": 1, "math": "wgmma"}
     base = {k: v for k, v in base.items() if k not in ("persistent", "window_rows")}
     tiles = [(int(base["bm"]), int(base["bn"]), int(base["stages"])), (128, 128, 4), (64, 128, 4)]
     for bm, bn, st in dict.fromkeys(tiles):
@@ -77,15 +78,18 @@ def sanitize_cases() -> None:
                                                                                               (64, 128, 4, 0, False))),
             ((1, 4, 31, 45), (40, 4, 5, 5), {"stride": (1, 2), "padding": (2, 1)}, "nchw", "float16",
              ((128, 64, 4, 0, False),)),
-            ((2, 3, 64, 48), (200, 3, 16, 16), {"stride": 16}, "nhwc", "bfloat16", ((128, 192, 4, 0, False),))):
+            ((2, 3, 64, 48), (200, 3, 16, 16), {"stride": 16}, "nhwc", "bfloat16", ((128, 192, 4, 0, False),)),
+            ((2, 3, 37, 53), (72, 3, 7, 7), {"stride": 1, "padding": 3, "precision": "tf32"}, "nhwc", "float32",
+             ((128, 64, 4, 0, True),))):
         x, w, b = conv_case(xs, ws, attrs, dtype, True)
         if layout == "nhwc":
             x = x.to(memory_format=CL)
-        y0 = F.conv2d(x.float(), w.float(), b.float(), pair(attrs["stride"]), pads4(attrs.get("padding", 0))[:2])
+        conv_attrs = {k: v for k, v in attrs.items() if k != "precision"}
+        y0 = F.conv2d(x.float(), w.float(), b.float(), pair(conv_attrs["stride"]), pads4(conv_attrs.get("padding", 0))[:2])
         res = torch.randn(y0.shape, device="cuda").to(x.dtype)
         res = res.to(memory_format=CL) if layout == "nhwc" else res
         for bm, bn, st, prod, persistent in tiles:
-            s = W.schedule(bm, bn, st, prod, persistent=persistent, rows=True)
+            s = W.schedule(bm, bn, st, prod, persistent=persistent, rows=True, bk=32 if dtype == "float32" else 64)
             jitops.conv2d(x, w, b, residual=res, activation="relu", schedule=s, **attrs)
     torch.cuda.synchronize()
     print("sanitize cases ran", flush=True)
@@ -105,7 +109,10 @@ def main() -> int:
     device = jitops.get_backend().device
     rows, failures = [], 0
     for dtype in args.dtypes.split(","):
+        torch.backends.cudnn.allow_tf32 = dtype == "float32"      # fp32: TF32 on both sides
         for name, xs, ws, attrs, has_b, has_r, layout in CASES:
+            if dtype == "float32":
+                attrs = {**attrs, "precision": "tf32"}
             x, w, b = conv_case(xs, ws, attrs, dtype, has_b)
             xl = x.to(memory_format=CL) if layout == "nhwc" else x
             st, pd = pair(attrs.get("stride", 1)), pads4(attrs.get("padding", 0))
@@ -120,11 +127,20 @@ def main() -> int:
                     "bias": TensorSpec((ws[0],), dtype) if has_b else None,
                     "residual": TensorSpec(res.shape, dtype, "nhwc" if layout == "nhwc" else "") if has_r else None}
             p = op.make_problem(spec, {**attrs, **({"activation": "relu"} if has_r else {})})
+            from jitops.ops.conv2d_mma import window_rows_why_not
+            if window_rows_why_not(p):
+                print(f"{name} {dtype}: skipped ({window_rows_why_not(p)})", flush=True)
+                continue
             pick = op.heuristic(p, device)
             entries = [("pick", pick)]
             if "window_rows" in pick.as_dict()["params"]:     # the same tile on taps of 8 channels
                 entries.append(("taps", Schedule.make(pick.algorithm, **{k: v for k, v in pick.as_dict()["params"].items()
                                                                          if k != "window_rows"})))
+            if pick.algorithm != "direct_stem":                 # the few-channel direct kernel, where it applies
+                try:
+                    entries.append(("direct_stem", op.heuristic(p, device, "direct_stem")))
+                except Exception:  # noqa: BLE001 - not applicable to this problem
+                    pass
             entries += rows_twins(p, pick, device)
             row = {"case": name, "dtype": dtype, "layout": layout, "schedules": {k: str(s) for k, s in entries}, "err": {}}
             calls = []
@@ -135,7 +151,7 @@ def main() -> int:
                 jitops.conv2d(xl, w, b, out=out, schedule=s, **attrs, **extra)
                 torch.cuda.synchronize()
                 err = rel_err(out, ref)
-                ok = math.isfinite(err) and err < (2e-2 if dtype == "bfloat16" else 4e-3)
+                ok = math.isfinite(err) and err < (2e-2 if dtype == "bfloat16" else 4e-3)    # fp32: TF32 products
                 row["err"][label] = err
                 failures += not ok
                 print(f"{name} {dtype} {label}: err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
@@ -144,7 +160,7 @@ def main() -> int:
             if not has_r:
                 for vl, vx in (("cudnn_nchw", x), ("cudnn_cl", x.to(memory_format=CL))):
                     wv = w if vl == "cudnn_nchw" else w.to(memory_format=CL)
-                    calls.append((vl, lambda vx=vx, wv=wv: F.conv2d(vx, wv, b, st, pd[:2])))
+                    calls.append((vl, lambda vx=vx, wv=wv: F.conv2d(vx, wv, b, st, pd[:2])))   # padding: symmetric cases
             times = {label: [] for label, _ in calls}
             for n in range(max(args.passes, 1)):
                 k = n % len(calls)

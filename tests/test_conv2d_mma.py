@@ -277,7 +277,9 @@ def _emulate(launch, buffers: dict):
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("case", [((2, 3, 23, 29), (24, 3, 7, 7), {"stride": 2, "padding": 3}),
                                   ((1, 4, 17, 20), (16, 4, 5, 5), {"stride": (1, 2), "padding": (2, 1, 0, 3)}),
-                                  ((1, 3, 32, 32), (8, 3, 16, 16), {"stride": 16})])
+                                  ((1, 3, 32, 32), (8, 3, 16, 16), {"stride": 16}),
+                                  ((2, 3, 23, 29), (24, 3, 7, 7), {"stride": 2, "padding": 3, "precision": "tf32"}),
+                                  ((1, 3, 19, 21), (16, 3, 5, 5), {"stride": 1, "padding": 2, "precision": "tf32"})])
 def test_window_rows_layouts_make_the_convolution(case, layout):
     """The window-rows GEMM (RGB stems on wgmma): the padded 4-channel copy and the weight pack, run on
     the emulator from the sm_90 plan, give the float64 convolution when multiplied as the template
@@ -287,30 +289,33 @@ def test_window_rows_layouts_make_the_convolution(case, layout):
     from jitops.ops import conv2d_mma as mm
     from jitops.ops import conv2d_wgmma as wg
     xs, ws, attrs = case
+    dtype = "float32" if "precision" in attrs else "float16"     # fp32: one 4-channel pixel per chunk
+    npt = np.float32 if dtype == "float32" else np.float16
     hopper = jitops.get_backend(target="sm_90").device
-    p = op.make_problem({"x": TensorSpec(xs, "float16", "nhwc" if layout == "nhwc" else ""),
-                         "w": TensorSpec(ws, "float16"), "bias": None}, attrs)
+    p = op.make_problem({"x": TensorSpec(xs, dtype, "nhwc" if layout == "nhwc" else ""),
+                         "w": TensorSpec(ws, dtype), "bias": None}, attrs)
     s = op.heuristic(p, hopper, wg.ALGORITHM)
     assert s["window_rows"] == 1
     plan = op.plan(p, s, hopper)
-    win = mm.window_rows(p)
+    win = mm.window_rows(p, wg.bk_of(p))
     pad, = [l for l in plan.launches if l.kernel == "conv2d_pad4"]
     pack, = [l for l in plan.prepare if l.kernel == "conv2d_pack_window_rows"]
     gemm, = [l for l in plan.launches if l.kernel == "conv2d_implicit_gemm_wgmma"]
     assert dict(gemm.params)["window_rows"] == win.rk
     rng = np.random.default_rng(1)
-    x = rng.standard_normal(xs).astype(np.float16)
-    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float16)
+    x = rng.standard_normal(xs).astype(npt)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(npt)
     x_in = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if layout == "nhwc" else x
-    xp = np.full((xs[0], win.hp, win.wp, 4), np.nan, np.float16)
-    wp = np.full((ws[0], win.kp), np.nan, np.float16)
+    xp = np.full((xs[0], win.hp, win.wp, 4), np.nan, npt)
+    wp = np.full((ws[0], win.kp), np.nan, npt)
     _emulate(pad, {"x": x_in, "x_nhwc": xp})
     _emulate(pack, {"w": w, "packed_w": wp})
     assert np.isfinite(xp).all() and np.isfinite(wp).all()
     sh, sw = p.stride
-    pairs = win.rk // 8
-    assert sw % 2 == 0 and win.wp % 2 == 0                # every pixel pair starts on 16 bytes
-    assert (p.oh - 1) * sh + p.kh <= win.hp and (p.ow - 1) * sw + 2 * pairs <= win.wp
+    per_chunk = 16 // (4 * p.itemsize)                    # 4-channel pixels per 16-byte chunk
+    assert per_chunk == 1 or (sw % 2 == 0 and win.wp % 2 == 0)     # every chunk starts on 16 bytes
+    assert (p.oh - 1) * sh + p.kh <= win.hp and (p.ow - 1) * sw + win.rk // 4 <= win.wp
+    assert dict(gemm.params)["BK"] % win.rk == 0 and win.kp % dict(gemm.params)["BK"] == 0
     k = np.arange(win.kp)
     r, pix, c = k // win.rk, (k % win.rk) // 4, k % 4
     oh, ow = np.meshgrid(np.arange(p.oh), np.arange(p.ow), indexing="ij")
@@ -339,12 +344,28 @@ def test_window_rows_picked_for_stems_and_refused_elsewhere():
     assert "window rows" in s.why
     assert mm.window_rows(stem) == mm.WindowRows(rk=32, kp=256, hp=229, wp=230)
     assert mm.k_padded(stem, 64) == 448
+    # fp32 with precision "tf32": one 4-channel pixel per chunk (K = 7 rows x 32 in 7 tiles of 32, not 13);
+    # stems of 100 MFLOP and more leave direct_stem for it; exact fp32 keeps direct_stem
+    for xs, ws, attrs, rows in (((32, 3, 224, 224), (64, 3, 7, 7), {"stride": 2, "padding": 3}, True),
+                                ((32, 3, 224, 224), (64, 3, 3, 3), {"stride": 2, "padding": 1}, True),
+                                ((2, 4, 31, 45), (40, 4, 5, 5), {"stride": 1, "padding": 2}, False)):
+        for precision in ("tf32", None):
+            p = op.make_problem({"x": TensorSpec(xs, "float32", "nhwc"), "w": TensorSpec(ws, "float32"), "bias": None},
+                                {**attrs, **({"precision": precision} if precision else {})})
+            s = op.heuristic(p, hopper)
+            on_rows = s.algorithm == wg.ALGORITHM and s.get("window_rows", 0) == 1
+            assert on_rows == (rows and precision == "tf32"), (ws, precision, s)
+            if not on_rows:
+                assert s.algorithm == "direct_stem", (ws, precision, s)
+    tf32 = op.make_problem({"x": TensorSpec((32, 3, 224, 224), "float32", "nhwc"), "w": TensorSpec((64, 3, 7, 7), "float32"),
+                            "bias": None}, {"stride": 2, "padding": 3, "precision": "tf32"})
+    assert mm.window_rows(tf32, 32) == mm.WindowRows(rk=32, kp=224, hp=229, wp=230)
     for xs, ws, attrs, match in (
             ((2, 8, 32, 32), (16, 8, 7, 7), {"stride": 2}, "at most 4 input channels"),
             ((2, 3, 32, 32), (16, 3, 7, 7), {"stride": 1}, "even horizontal stride"),
             ((2, 3, 32, 32), (16, 3, 3, 3), {"stride": 2, "dilation": 2}, "no dilation"),
             ((2, 3, 64, 64), (16, 3, 17, 17), {"stride": 2}, "KW <= 16"),
-            ((2, 3, 32, 32), (16, 3, 7, 7), {"stride": 2, "precision": "tf32"}, "float16 or bfloat16")):
+            ((2, 3, 32, 32), (16, 3, 9, 9), {"stride": 2, "precision": "tf32"}, "8 in fp32")):
         dtype = "float32" if "precision" in attrs else "float16"
         p = op.make_problem({"x": TensorSpec(xs, dtype, "nhwc"), "w": TensorSpec(ws, dtype), "bias": None}, attrs)
         forced = Schedule.make(wg.ALGORITHM, bm=128, bn=64, bk=wg.bk_of(p), stages=4, producer=0, split_k=1,

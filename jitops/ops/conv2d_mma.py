@@ -75,9 +75,10 @@ def mma_schedule(bm: int, bn: int, bk: int, wm: int, wn: int, stages: int, split
 class WindowRows:
     """K and the padded input of the window-rows GEMM (wgmma.hip.j2 `window_rows`, for inputs of at
     most 4 channels: RGB stems). A window row is rk elements: its KW pixels of 4 channels, padded to a
-    power-of-two count of 16-byte pixel pairs; K is KH such rows, padded to kp. The input is copied,
-    zero-padded, to [N][hp][wp][4] so that every pixel pair the GEMM reads lies inside it and, with
-    an even horizontal stride and wp even, starts on 16 bytes."""
+    power-of-two count of 16-byte chunks (a pixel pair in 16 bits, one pixel in fp32); K is KH such
+    rows, padded to kp. The input is copied, zero-padded, to [N][hp][wp][4] so that every chunk the
+    GEMM reads lies inside it and starts on 16 bytes (16-bit: with an even horizontal stride and wp
+    even)."""
 
     rk: int
     kp: int
@@ -87,23 +88,25 @@ class WindowRows:
 
 def window_rows_why_not(p: Conv2dProblem) -> str | None:
     """Why the window-rows GEMM cannot run this problem (device aside), or None."""
-    if p.dtype not in ("float16", "bfloat16"):
-        return f"the window-rows GEMM takes float16 or bfloat16 (got {p.dtype})"
+    tf32 = p.dtype == "float32" and p.precision == "tf32"
+    if p.dtype not in ("float16", "bfloat16") and not tf32:
+        return f"the window-rows GEMM takes float16, bfloat16 or float32 with precision 'tf32' (got {p.dtype})"
     if p.groups != 1 or p.cin > 4:
         return f"the window-rows GEMM takes one group of at most 4 input channels (got {p.groups} x {p.cin_g})"
-    if p.dilation != (1, 1) or p.stride[1] % 2 or p.kw > 16:
-        return ("the window-rows GEMM needs no dilation, an even horizontal stride and KW <= 16 (got dilation "
-                f"{p.dilation}, stride {p.stride}, KW {p.kw})")
+    if p.dilation != (1, 1) or (p.stride[1] % 2 and not tf32) or p.kw > (8 if tf32 else 16):
+        return ("the window-rows GEMM needs no dilation, an even horizontal stride (16-bit) and KW <= 16 (8 in "
+                f"fp32) (got dilation {p.dilation}, stride {p.stride}, KW {p.kw})")
     return None
 
 
 def window_rows(p: Conv2dProblem, bk: int = 64) -> WindowRows:
-    pairs = 1
-    while 2 * pairs < p.kw:
-        pairs *= 2
-    wp = (p.ow - 1) * p.stride[1] + 2 * pairs
-    return WindowRows(rk=8 * pairs, kp=ceil_div(p.kh * 8 * pairs, bk) * bk, hp=(p.oh - 1) * p.stride[0] + p.kh,
-                      wp=wp + wp % 2)
+    per_chunk = 2 if p.itemsize == 2 else 1            # pixels of 4 channels in 16 bytes
+    chunks = 1
+    while chunks * per_chunk < p.kw:
+        chunks *= 2
+    wp = (p.ow - 1) * p.stride[1] + chunks * per_chunk
+    rk = 4 * per_chunk * chunks
+    return WindowRows(rk=rk, kp=ceil_div(p.kh * rk, bk) * bk, hp=(p.oh - 1) * p.stride[0] + p.kh, wp=wp + wp % 2)
 
 
 def is_window_rows(s: Schedule) -> bool:

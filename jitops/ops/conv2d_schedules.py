@@ -177,6 +177,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
     pool = _pool(p, device, algorithm)
     best, t = _best(p, device, pool)
+    if best.algorithm == stem.ALGORITHM and algorithm is None and wgmma.tf32_stem_on_rows(p, device):
+        best, t = _best(p, device, [s for s in pool if s.algorithm == wgmma.ALGORITHM and not wgmma.is_tma(s)
+                                    and not wgmma.is_nchw_1x1(s) and mma.splits_of(p, s)[0] == 1])
     rows = wgmma.window_rows_twin(p, best) if algorithm in (None, wgmma.ALGORITHM) else None
     if rows is not None:
         best = rows

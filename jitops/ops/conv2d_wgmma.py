@@ -314,6 +314,21 @@ def window_rows_twin(p: Conv2dProblem, s: Schedule) -> Schedule | None:
     return Schedule.make(ALGORITHM, **{**s.as_dict()["params"], "window_rows": 1})
 
 
+# Smallest TF32 stem (flops) the heuristic moves from direct_stem to window rows.
+TF32_ROWS_MIN_FLOPS = 1e8
+
+
+def tf32_stem_on_rows(p: Conv2dProblem, device: DeviceInfo) -> bool:
+    """Whether an fp32 stem with precision "tf32" runs as window rows on wgmma rather than direct_stem
+    (exact fp32 FMAs), whatever the estimates say: the stem cost model rates direct_stem's fp32 path
+    well below what it runs. H100, 2026-11-27 05:06 (scripts/device_conv2d_window_rows.py --dtypes
+    float32, docs/data/conv2d_window_rows_h100_2026-11-27/tf32_05-06.json.gz), window rows against the
+    direct_stem pick at batch 32: 3x3 stride 2 3 -> 64 2.7x (74.4 against 198.3 us), 3 -> 32 1.45x,
+    ConvNeXt's 4x4 1.42x; a 32-MFLOP 7x7 1.25x; an 11-MFLOP 5x5 NCHW 0.70x, so from 100 MFLOP only."""
+    return (device.hopper and p.dtype == "float32" and p.precision == "tf32" and window_rows_why_not(p) is None
+            and why_not(p, device) is None and p.flops >= TF32_ROWS_MIN_FLOPS)
+
+
 # Longest K (elements, padded) for which the heuristic swaps a pick for its persistent twin.
 PERSISTENT_MAX_K = 576
 
