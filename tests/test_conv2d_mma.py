@@ -375,6 +375,26 @@ def test_window_rows_picked_for_stems_and_refused_elsewhere():
         assert "window_rows" not in op.heuristic(p, hopper).as_dict()["params"]
 
 
+def test_window_rows_kernels_compile_for_sm90a_without_spills():
+    """The stems' window-rows wgmma kernels (ResNet-50's 7x7: fp16 on a persistent grid, TF32 plain)
+    compile offline (NVRTC, sm_90a) to wgmma with no local memory and no serialized wgmma."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from conftest import nvrtc_ptx
+    from jitops import engine
+    hopper = jitops.get_backend(target="sm_90")
+    for dtype, extra, mma in (("float16", {}, "m64n64k16.f32.f16.f16"), ("float32", {"precision": "tf32"},
+                                                                      "m64n64k8.f32.tf32.tf32")):
+        p = op.make_problem({"x": TensorSpec((32, 3, 224, 224), dtype, "nhwc"), "w": TensorSpec((64, 3, 7, 7), dtype),
+                             "bias": None}, {"stride": 2, "padding": 3, **extra})
+        s = op.heuristic(p, hopper.device)
+        assert s["window_rows"] == 1, s
+        gemm, = [l for l in op.plan(p, s, hopper.device).launches if l.kernel == "conv2d_implicit_gemm_wgmma"]
+        ptx, text = nvrtc_ptx(engine.kernel_source(hopper.device, gemm), b"-arch=sm_90a", b"-std=c++17",
+                              b"-default-device", b"--ptxas-options=-v")
+        assert f"wgmma.mma_async.sync.aligned.{mma}" in ptx, dtype
+        assert "0 bytes spill stores" in text and "C7519" not in text and "C7512" not in text, text
+
+
 def test_wgmma_persistent_grid():
     """The persistent wgmma grid: one block per resident slot (shared memory without the fp32
     epilogue tile), offered only where blocks loop over tiles, refused with a reason for NCHW
