@@ -720,3 +720,11 @@ def test_shortlist_is_the_pick_and_its_plannable_neighbours():
     tiny = TensorSpec((1, 8, 128, 64), "float16")
     p = op.make_problem({"q": tiny, "k": tiny, "v": tiny}, {})
     assert op.shortlist(p, hopper, 6) == [op.heuristic(p, hopper)]
+    # a causal grid by groups of heads: the all-heads order second; none where all heads are one group
+    for qs, grouped in (((8, 16, 2048, 128), True), ((8, 12, 1024, 64), False)):
+        spec = TensorSpec(qs, "float16")
+        p = op.make_problem({"q": spec, "k": spec, "v": spec}, {"causal": True})
+        short = op.shortlist(p, hopper, 6)
+        every = [s for s in short if s.get("head_group", 0) == qs[0] * qs[1]]
+        assert (short[1:2] == every) if grouped else not every, short
+        assert len(short) <= 6
