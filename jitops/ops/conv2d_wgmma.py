@@ -283,9 +283,8 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
                 if tile[0] <= max(64, ceil_div(p.cout, 64) * 64) and tile[1] <= min(widest, max(64, ceil_div(p.h * p.w, 64) * 64))]
     out += [schedule(*tile, bk=bk_of(p), persistent=True) for tile in PERSISTENT_TILES
             if persistent_offered(p, tile, device)]
-    if window_rows_why_not(p) is None and why_not(p, device) is None:
-        out += [Schedule.make(ALGORITHM, **{**c.as_dict()["params"], "window_rows": 1}) for c in out
-                if not is_nchw_1x1(c) and splits_of(p, c)[0] == 1]
+    if why_not(p, device) is None:
+        out += [twin for c in out if splits_of(p, c)[0] == 1 and (twin := window_rows_twin(p, c)) is not None]
     return out + tma_candidates(p, device)
 
 
