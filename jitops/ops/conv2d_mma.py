@@ -232,6 +232,8 @@ def k_padded(p: Conv2dProblem, bk: int) -> int:
 
 
 def plan_mma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
+    if is_window_rows(s):       # plan_around and splits_of would lay out K as window rows mma.hip.j2 cannot read
+        raise ScheduleError("window_rows is a parameter of implicit_gemm_wgmma (sm_90), not of implicit_gemm_mma")
     tile = tile_of(s)
     bm, bn, bk, wm, wn, stages = tile
     a_nchw = reads_nchw(s)
