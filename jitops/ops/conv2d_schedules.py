@@ -181,8 +181,8 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         best, t = _best(p, device, [s for s in pool if s.algorithm == wgmma.ALGORITHM and not wgmma.is_tma(s)
                                     and not wgmma.is_nchw_1x1(s) and mma.splits_of(p, s)[0] == 1])
     rows = wgmma.window_rows_twin(p, best) if algorithm in (None, wgmma.ALGORITHM) else None
-    if rows is not None:
-        best = rows
+    if rows is not None:            # `why` names the schedule run and its own estimate
+        best, t = rows, estimate(p, rows, device)
     twin = wgmma.persistent_twin(p, best, device) if algorithm in (None, wgmma.ALGORITHM) else None
     others = []
     for alg in ALGORITHMS:
