@@ -1,6 +1,7 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
-short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens).
+short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
+with the bounded step up to DP = 64, D = 256 on a released ring).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -9,7 +10,8 @@ import torch
 import jitops
 from jitops.ops.base import Schedule
 
-for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {}), (64, 64, {"bounded": 1})):
+for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {}), (64, 64, {"bounded": 1}),
+                     (64, 128, {"bounded": 1}), (256, 64, {"release": 1})):
     q = torch.randn(1, 4, 90, d, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.float16) for _ in range(2))
     for causal in (False, True):
@@ -17,4 +19,6 @@ for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {}), (6
                                                                               tma=1, **extra))
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
+x = torch.randn(1, 12, 197, 64, device="cuda", dtype=torch.float16)   # ViT-B/16 b1: the scheduler's pick
+assert torch.isfinite(jitops.attention(x, x, x)).all()
 print("sanitize cases done")

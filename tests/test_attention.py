@@ -474,8 +474,8 @@ def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
     up to 256, GQA, causal, masks), from 128 where the tiles are not padding, and for 128-255 queries
-    and keys without causal masking or a mask on a wave of blocks or more (ViT); fused_mma for
-    decoding, other short sequences or D=36; never on sm_80 or for fp32."""
+    and keys without causal masking or a mask (ViT), calls under a wave of blocks included; fused_mma
+    for decoding, other short sequences or D=36; never on sm_80 or for fp32."""
     from jitops.device import KNOWN_TARGETS
     h100, a100 = KNOWN_TARGETS["sm_90"], KNOWN_TARGETS["sm_80"]
     for q, kv, dtype, causal, mask in (((8, 16, 2048, 64), (8, 16, 2048, 64), "float16", False, False),
@@ -500,18 +500,25 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         # buffers released per warp (no block barrier per tile): causal up to D = 64 and D = 256
         release = (bool(causal) and q[-1] <= 64) or q[-1] == 256
         assert bool(s.get("release", 0)) == release and ("released per warp" in s.why) == release, s
-    bert = op.heuristic(_hopper_problem((32, 12, 128, 64), (32, 12, 128, 64)), h100)   # 128 x 128: one whole tile
-    assert bert.algorithm == "fused_wgmma" and (bert["groups"], bert["block_k"], bert["tma"]) == (2, 128, 1), bert
-    small = op.heuristic(_hopper_problem((1, 8, 128, 64), (1, 8, 128, 64)), h100)      # host-bound: fused_mma
-    assert small.algorithm == "fused_mma", small
+    # 128 x 128: whole tiles; one warpgroup per block where its grid takes no more waves of resident blocks
+    # (3 per SM) than two warpgroups' (2 per SM): BERT b32 S=128 2 and 2, b8 S=384 2 and 2, the seed 1 and 1;
+    # not BERT b64 S=128 (4 against 3), b32 S=384 (6 against 5) or Whisper's encoder (2 against 1)
+    for q, groups in (((32, 12, 128, 64), 1), ((64, 12, 128, 64), 2), ((1, 8, 128, 64), 1), ((8, 12, 384, 64), 1),
+                      ((32, 12, 384, 64), 2), ((1, 20, 1500, 64), 2)):
+        s = op.heuristic(_hopper_problem(q, q), h100)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (groups, 128, 1), (q, s)
+    for causal, mask in ((True, False), (False, True)):     # two warpgroups: one_group is measured without both
+        s = op.heuristic(_hopper_problem((8, 12, 384, 64), (8, 12, 384, 64), causal=causal, mask=mask), h100)
+        assert s.algorithm == "fused_wgmma" and s["groups"] == 2, (causal, mask, s)
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
-                         ((1, 12, 197, 64), (1, 12, 197, 64), "float16"),        # ViT b1: under a wave, host-bound
                          ((8, 12, 197, 64), (8, 12, 77, 64), "float16"),         # 77 keys: short cross-attention
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
         assert op.heuristic(_hopper_problem(q, kv, dtype), h100).algorithm == "fused_mma", q
     # 128-255 queries and keys that 128-key tiles would pad (ViT's 197): one warpgroup of 64 rows per
-    # block and 64-key tiles up to DP = 64, two warpgroups of 64-key tiles above; not causal, no mask
-    for q, tiles in (((8, 12, 197, 64), (1, 64)), ((64, 6, 197, 64), (1, 64)), ((16, 12, 160, 128), (2, 64))):
+    # block, 64-key tiles up to DP = 64 from two waves of 64-row blocks and 128-key tiles below (ViT b1-b4);
+    # above DP = 64 two warpgroups of 64-key tiles, one under two waves; not causal, no mask
+    for q, tiles in (((8, 12, 197, 64), (1, 64)), ((64, 6, 197, 64), (1, 64)), ((1, 12, 197, 64), (1, 128)),
+                     ((4, 12, 197, 64), (1, 128)), ((16, 12, 160, 128), (2, 64)), ((1, 12, 160, 128), (1, 64))):
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (*tiles, 1), s
         assert not s.get("producer", 0), s
@@ -717,7 +724,7 @@ def test_shortlist_is_the_pick_and_its_plannable_neighbours():
                     op.plan(p, s, hopper)
                 except ScheduleError as exc:
                     raise AssertionError(f"{qs} {s}: {exc}") from exc
-    tiny = TensorSpec((1, 8, 128, 64), "float16")
+    tiny = TensorSpec((1, 8, 100, 64), "float16")       # fused_mma: no neighbours
     p = op.make_problem({"q": tiny, "k": tiny, "v": tiny}, {})
     assert op.shortlist(p, hopper, 6) == [op.heuristic(p, hopper)]
     # a causal grid by groups of heads: the all-heads order second; none where all heads are one group

@@ -328,7 +328,8 @@ def test_wgmma_tma_loads(dtype, d):
              for g, bk, ring, extra in ((2, 64, 2, {}), (2, 128, 3, {}), (3, 64, 4, {}), (2, 64, 2, {"release": 1}),
                                         (3, 64, 3, {"release": 1}), (1, 128, 2, {}), (1, 64, 2, {"release": 1}),
                                         (4, 128, 3, {"release": 1, "bounded": 1}),     # the D = 40 pick
-                                        (1, 64, 2, {"bounded": 1}))                    # ViT's 197 tokens
+                                        (1, 64, 2, {"bounded": 1}),                    # ViT's 197 tokens
+                                        (1, 128, 2, {"bounded": 1}))                   # small grids' pick
              if fits(d, g, bk, device, ring, False, True)]
     assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
     for sched in producer + plain:
@@ -341,6 +342,29 @@ def test_wgmma_tma_loads(dtype, d):
         check(uq, uk, uv, schedule=sched)
         check(uq, uk, uv, causal=True, schedule=sched)
         check(q, uk, v, schedule=sched)      # one tensor off alignment is enough for the plain path
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_small_calls_take_wgmma(dtype):
+    """Calls under a wave of blocks (batch-1 encoders) run the scheduler's one-warpgroup fused_wgmma
+    tiles on sm_90 (ViT's 197 tokens, BERT's 128, 160 at D = 128, D = 256), checked against float64
+    on the first call and on the native repeat call."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    op = get_op("attention")
+    device = jitops.get_backend().device
+    for shape in ((1, 12, 197, 64), (1, 8, 128, 64), (1, 12, 160, 128), (1, 8, 197, 256)):
+        q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
+        specs = {n: TensorSpec(shape, str(dtype).split(".")[-1]) for n in "qkv"}
+        pick = op.heuristic(op.make_problem({**specs, "mask": None}, {}), device)
+        assert pick.algorithm == "fused_wgmma" and pick["groups"] == 1, (shape, pick)
+        check(q, k, v)
+        ref = reference(q, k, v)
+        for _ in range(3):          # the first call, then the repeat calls (native where built)
+            out = jitops.attention(q, k, v)
+            torch.cuda.synchronize()
+            err = float((out.double() - ref).abs().max() / ref.abs().max())
+            assert err <= TOL[dtype], (shape, err)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -99,16 +99,15 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     With TMA loads (2026-11-25 afternoon) the plain loop's 128 x 128 tiles also win from 128 queries
     and keys where they are not padding (DP <= 64, at least 90% of rows and keys real): BERT-base
     S=128 1.10x (fp16 11.9 vs 13.1 us), the seed B=256 S=128 1.09-1.11x; ViT's 197 keep fused_mma.
-    Only with a wave of blocks or more: a smaller call (1 x 8 x 128 x 64) is host-bound, and fused_mma's
-    launch takes the native repeat path (8.6 us eager on the H100 against 18.5 for the TMA kernel,
-    whose tensor maps are encoded per pointer in Python)."""
-    if p.sq >= 256 and p.sk >= 256:
+    Calls under a wave of blocks too (2026-11-27 06:20, scripts/device_attention_small.py, H100): the
+    native repeat call writes the TMA maps since e511d69, so eager calls cost the same on both kernels
+    (9-14 us, SDPA 20-30), and in graph replay the one-warpgroup tiles (`one_group`) run ViT-B/16 b1
+    in 5.3 us against 9.1 on fused_mma (SDPA 7.7), BERT-base b1 S=128 3.8 against 5.5 (SDPA 6.1), D = 256
+    at 197 tokens b1 11.0 against 22.2 (SDPA 12.7)."""
+    if (p.sq >= 256 and p.sk >= 256) or short_prefill(p):
         return True
-    if short_prefill(p):
-        return p.batch * p.heads * ceil_div(p.sq, 64) >= device.multiprocessors
-    blocks = p.batch * p.heads * ceil_div(p.sq, 128)
     return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and _tile_use(p.sq, 128) >= 0.9
-            and _tile_use(p.sk, 128) >= 0.9 and blocks >= device.multiprocessors)
+            and _tile_use(p.sk, 128) >= 0.9)
 
 
 def short_prefill(p: AttentionProblem) -> bool:
@@ -117,7 +116,9 @@ def short_prefill(p: AttentionProblem) -> bool:
     with 64-key tiles up to DP = 64, two warpgroups of 64-key tiles above. H100, 2026-11-27 04:47
     (scripts/device_attention_ab.py --rotate --discard-first, fp16 / bf16, against fused_mma, the pick
     before): ViT-B/16 b8 / b32 1.31x / 1.28x, ViT-L/16 b8 / b32 1.27x / 1.35x, DeiT-S b64 1.29x,
-    B=16 H=12 S=160 D=64 1.36x, D=128 1.65x (vs SDPA: 1.30x / 0.90x, 1.11x / 0.91x, 0.90x, 1.20x, 0.99x). Calls under a wave of 64-row blocks (ViT-B b1) keep fused_mma: host-bound when eager."""
+    B=16 H=12 S=160 D=64 1.36x, D=128 1.65x (vs SDPA: 1.30x / 0.90x, 1.11x / 0.91x, 0.90x, 1.20x, 0.99x).
+    Grids of up to two waves of 64-row blocks take 128-key tiles up to DP = 64; above DP = 64 one
+    warpgroup where `one_group` says so."""
     return (128 <= p.sq < 256 and 128 <= p.sk < 256 and p.causal == "none" and not p.has_mask
             and not (padded_dim(p.d) <= 64 and _tile_use(p.sq, 128) >= 0.9 and _tile_use(p.sk, 128) >= 0.9))
 
@@ -196,7 +197,10 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
       78.3 us against 91.3 (1.17x) and causal B=8 H=16 S=2048 D=128 in 332.5 against 434.5 (1.31x);
     - D > 160 (Gemma's 256): no room for a producer warpgroup; 1.83x the cp.async loop;
     - 128-255 queries and keys padded by 128-key tiles up to DP = 64 (`short_prefill`, 2026-11-27): one
-      warpgroup per block and 64-key tiles.
+      warpgroup per block and 64-key tiles, 128-key tiles on up to two waves of blocks (one warpgroup
+      of 64-key tiles above DP = 64 there);
+    - up to DP = 64 over whole 128-key tiles, one warpgroup per block where its grid takes no more waves
+      of resident blocks than two warpgroups' (`one_group`: calls of a few waves, batch-1 encoders).
     Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x.
     release: consumer warps free each buffer on an mbarrier instead of a block barrier per tile (one
     warpgroup may run a tile ahead). Same H100, 15:42: causal B=8 H=16 S=2048 1.03x, GPT-2 1.03x,
@@ -204,10 +208,49 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     dp = padded_dim(p.d)
     causal = p.causal != "none"
     if dp <= 64:
-        tiles = (2, 128, causal) if _tile_use(p.sk, 128) >= 0.9 else (1, 64, causal) if short_prefill(p) else None
+        if _tile_use(p.sk, 128) >= 0.9:
+            tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
+        elif short_prefill(p):
+            tiles = (1, 128 if _waves(p, 64, device) <= 2 else 64, causal)
+        else:
+            tiles = None
     else:
-        tiles = (2, 64, dp > 160)
+        tiles = (1 if short_prefill(p) and one_group(p, 64, device) else 2, 64, dp > 160)
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
+
+
+def _waves(p: AttentionProblem, rows: int, device: DeviceInfo) -> float:
+    """Blocks of `rows` query rows over the multiprocessors (waves of one block per SM)."""
+    return p.batch * p.heads * ceil_div(p.sq, rows) / device.multiprocessors
+
+
+def plain_resident(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> int:
+    """Blocks per SM of the plain TMA loop, which its plan asks ptxas for (min_blocks): two where two fit
+    in shared memory at 128 registers per thread, one warpgroup as many as shared memory holds, up to 4."""
+    smem = shared_bytes(d, groups, block_k, stages, True)
+    if not (2 * (smem + 1024) <= device.shared_per_multiprocessor
+            and device.resident_blocks(128 * groups, 0, 128) >= 2):
+        return 1
+    return min(4, device.shared_per_multiprocessor // (smem + 1024)) if groups == 1 else 2
+
+
+def one_group(p: AttentionProblem, block_k: int, device: DeviceInfo) -> bool:
+    """Whether the plain TMA loop runs one warpgroup of 64 rows per block instead of two: where its grid
+    takes no more waves of resident blocks (3 per SM at DP = 64 with 128-key tiles against 2) than the
+    two-warpgroup grid, so twice the blocks reach more multiprocessors; not causal, no mask (measured
+    without both). H100, fp16 / bf16, graph replay, 2026-11-27 06:20-06:35 (scripts/device_attention_small.py,
+    fused_wgmma's tiles side by side): BERT-base b1 S=128 3.8-3.9 us against 5.3-5.6 (two warpgroups), b4
+    4.2 against 5.3-5.5, b1 S=384 6.2 against 8.2-8.4, b8 S=384 (2 waves each) 15.4-15.8 against 17.8-18.1,
+    b32 S=128 (2 each) 11.9-12.0 against 12.0-12.3; 160 queries at D = 128 b1 6.6-6.8 against 8.6-8.7. Where
+    one warpgroup takes more waves it loses: Whisper's encoder (1 x 20 x 1500 x 64; 2 waves against 1)
+    40.3-41.1 against 30.0-30.2, BERT-large b16 S=512 and BERT-base b32 S=384 (6 against 4-5) 0.96-0.98x."""
+    if p.causal != "none" or not _tiles_unchecked(p):
+        return False
+
+    def waves(groups: int) -> int:
+        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+        return ceil_div(blocks, plain_resident(p.d, groups, block_k, device) * device.multiprocessors)
+    return waves(1) <= waves(2)
 
 
 def four_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
@@ -395,11 +438,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     # left room for one ran 0.74x): where two fit in shared memory, ask ptxas for registers that fit too.
     # Only where each thread keeps 128 registers (2 warpgroups): three warpgroups at two blocks get 85,
     # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
-    two = (tma and not producer and 2 * (smem + 1024) <= device.shared_per_multiprocessor
-           and device.resident_blocks(threads, 0, 128) >= 2)
-    min_blocks = 2 if two else 1
-    if two and groups == 1:   # one warpgroup: as many blocks as shared memory holds, up to 4 (128 registers)
-        min_blocks = min(4, device.shared_per_multiprocessor // (smem + 1024))
+    min_blocks = plain_resident(p.d, groups, bk, device, stages) if tma and not producer else 1
     group = int(schedule.get("head_group", 0)) or causal_head_group(p, device, blocks, min_blocks)   # explicit: sweeps
     if group < 1:
         raise ScheduleError(f"attention fused_wgmma: head_group={group} must be >= 1")
