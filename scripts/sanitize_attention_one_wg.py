@@ -1,7 +1,7 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
-with the bounded step up to DP = 64, D = 256 on a released ring).
+with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -19,6 +19,12 @@ for d, bk, extra in ((64, 128, {}), (64, 128, {"release": 1}), (128, 64, {}), (6
                                                                               tma=1, **extra))
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
+for d, g, bk in ((64, 1, 64), (64, 1, 128), (128, 2, 64)):        # trim=1: the last tile at its own width
+    q = torch.randn(1, 4, 197, d, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 197, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = jitops.attention(q, k, v, schedule=Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, bounded=1, trim=1))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
 x = torch.randn(1, 12, 197, 64, device="cuda", dtype=torch.float16)   # ViT-B/16 b1: the scheduler's pick
 assert torch.isfinite(jitops.attention(x, x, x)).all()
 print("sanitize cases done")

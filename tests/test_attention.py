@@ -534,6 +534,35 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     assert op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), "float32"), h100).algorithm == "fused"
 
 
+def test_scheduler_trims_a_partial_last_key_tile():
+    """sm_90's plain TMA schedules take trim=1 where the keys end inside a tile and the call is not
+    causal (the last tile then runs at its visible keys rounded up to 16, after the loop): ViT's 197
+    keys, also in the tuner's candidates and benchmark mode's shortlist; not for whole tiles or causal
+    calls. The plan passes the tail width only then, and refuses trim outside the plain TMA loop."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops.base import Schedule
+    h100 = KNOWN_TARGETS["sm_90"]
+    vit = _hopper_problem((32, 12, 197, 64), (32, 12, 197, 64))
+    pick = op.heuristic(vit, h100)
+    assert pick.get("trim") == 1 and "last key tile at 16 keys" in pick.why, pick
+    params = dict(op.plan(vit, pick, h100).launches[0].params)
+    assert params["tail_keys"] == 16                               # 197 = 3 x 64 + 5
+    plain = [c for c in op.candidates(vit, h100) if c.algorithm == "fused_wgmma" and not c.get("producer", 0)]
+    assert plain and all(c.get("trim") == 1 for c in plain)
+    assert all(s.get("trim") == 1 for s in op.shortlist(vit, h100, 6))
+    for q, causal in (((8, 16, 2048, 64), False), ((8, 12, 197, 64), True)):
+        s = op.heuristic(_hopper_problem(q, q, causal=causal), h100)
+        assert not s.get("trim") and "tail_keys" not in dict(op.plan(_hopper_problem(q, q, causal=causal), s, h100)
+                                                             .launches[0].params), (q, s)
+    near_whole = _hopper_problem((1, 4, 300, 128), (1, 4, 700, 128))     # 700 = 10 x 64 + 60: nothing to trim
+    assert "tail_keys" not in dict(op.plan(near_whole, Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1, trim=1),
+                                           h100).launches[0].params)
+    assert dict(op.plan(near_whole, Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1, trim=1),
+                        h100).launches[0].params)["tail_keys"] == 64
+    with pytest.raises(ScheduleError, match="trim=1"):
+        op.plan(vit, Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1, trim=1), h100)
+
+
 def test_scheduler_skips_the_running_max_where_it_measured_faster():
     """sm_90, the plain TMA loop: bounded=1 (no max on key tiles after the first while the
     probabilities stay bounded) on two warpgroups up to DP = 112 and with causal masking above (without

@@ -345,6 +345,37 @@ def test_wgmma_tma_loads(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [40, 64, 128, 256])
+def test_wgmma_trimmed_last_tile(dtype, d):
+    """trim=1: the last key tile of Sk % block_k keys runs at that width rounded up to 16 after the loop
+    (S of m64nNk16, P V over N / 16 steps): tails of 5, 16, 17, 60, 69, 92 keys (60 of 64: no tail), a call
+    whose only tile is the tail (77 keys), with a mask, GQA and K / V off 16-byte alignment; causal calls keep every tile
+    (no tail) and stay right; against float64."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.base import Schedule
+    device = jitops.get_backend().device
+    tiles = [(g, bk, extra) for g, bk, extra in ((1, 64, {"bounded": 1}), (1, 128, {"bounded": 1}), (2, 64, {}),
+                                                (2, 128, {"release": 1}), (3, 128, {"release": 1, "bounded": 1}))
+             if fits(d, g, bk, device, 2, False, True)]
+    assert tiles
+    for sk in (197, 208, 209, 77, 700, 1500 if d <= 64 else 300):     # 700: 60 keys past 640, nothing to trim at 64
+        q = randn(2, 4, 197, d, dtype=dtype)
+        k, v = randn(2, 2, sk, d, dtype=dtype), randn(2, 2, sk, d, dtype=dtype)
+        for g, bk, extra in tiles:
+            sched = Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, trim=1, **extra)
+            check(q, k, v, schedule=sched)
+        g, bk, extra = tiles[0]
+        sched = Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, trim=1, **extra)
+        mask = torch.randn(4, 197, sk, device="cuda")
+        check(q, k, v, mask, schedule=sched)
+        check(q, k, v, causal=True, schedule=sched)
+        uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (k, v))
+        check(q, uk, uv, schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_small_calls_take_wgmma(dtype):
     """Calls under a wave of blocks (batch-1 encoders) run the scheduler's one-warpgroup fused_wgmma
     tiles on sm_90 (ViT's 197 tokens, BERT's 128, 160 at D = 128, D = 256), checked against float64

@@ -395,4 +395,7 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         # q, k, v stored [B, S, H, D] (4-d tensor maps)
         pr = problem("bfloat16", 72, mask=True, causal=True, layout="bshd")
         out.append((pr, Schedule.make("fused_wgmma", groups=2, block_k=64)))
+        # and the plain TMA loop (the sm_90 picks' loop) with the bounded step and a trimmed last key tile
+        pr = problem("float16", 64)
+        out.append((pr, Schedule.make("fused_wgmma", groups=1, block_k=64, tma=1, bounded=1, trim=1)))
     return out

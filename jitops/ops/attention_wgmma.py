@@ -308,9 +308,11 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
                f"into the 128-byte swizzle" + (", released per warp on mbarriers" if release else "")
                + (", no running max while the probabilities stay bounded" if bounded else "")
                + f" ({smem // 1024} KiB shared); {blocks} blocks")
+        trim = trim_flag(p, bk)
+        why += f"; the last key tile at {_tail_keys(p, bk)} keys" if trim else ""
         return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1,
                              **({"stages": ring} if ring != 2 else {}), **({"release": 1} if release else {}),
-                             **({"bounded": 1} if bounded else {}))
+                             **({"bounded": 1} if bounded else {}), **trim)
     tma = tma_tiles(p, device)
     if tma is None:
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
@@ -344,6 +346,7 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
                 plain.append(Schedule.make("fused_wgmma", groups=4, block_k=bk, tma=1, stages=3, release=1, bounded=1))
         if fits(p.d, 3, 128, device, 2, False, True):
             plain.append(Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1))
+    plain = [Schedule.make("fused_wgmma", **s.as_dict()["params"], **trim_flag(p, int(s["block_k"]))) for s in plain]
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                    for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True, True)]
     return specialized + plain
@@ -372,7 +375,7 @@ def wgmma_shortlist(p: AttentionProblem, device: DeviceInfo, pick: Schedule, n: 
         if not fits(p.d, g, k, device, r, False, True):
             continue
         s = Schedule.make("fused_wgmma", groups=g, block_k=k, tma=1, **({"stages": r} if r != 2 else {}),
-                          **{name: 1 for name, on in params.items() if on})
+                          **{name: 1 for name, on in params.items() if on}, **trim_flag(p, k))
         if s not in out:
             out.append(s)
     return out
@@ -404,6 +407,30 @@ def causal_head_group(p: AttentionProblem, device: DeviceInfo, blocks: int, resi
     return max(whole_kv_heads or sizes or [heads])
 
 
+def trim_flag(p: AttentionProblem, block_k: int) -> dict:
+    """{"trim": 1} where the plain TMA loop's last key tile has something to trim (`_tail_keys`), else {}: the
+    scheduler's and the tuner's plain schedules take it. H100, 2026-11-27 06:54 (scripts/device_attention_ab.py
+    --rotate --discard-first, the pick with and without it, fp16 / bf16): ViT-B/16 b32 (197 keys: a
+    last tile of 5 in 64-key tiles) 29.0 -> 26.4 us, ViT-L/16 b32 36.6 -> 33.7, DeiT-S b64 28.8 -> 26.6,
+    ViT-B/16 b8 / b1 1.06x, 160 keys at D = 128 1.07x, Whisper's 1500 (92 of 128) 1.00x; never slower."""
+    return {"trim": 1} if _tail_keys(p, block_k) else {}
+
+
+def _tail_keys(p: AttentionProblem, block_k: int) -> int:
+    """Keys of the trimmed last tile (Sk % block_k rounded up to 16), 0 where there is nothing to trim:
+    whole tiles, a remainder within 16 of a whole tile, or causal masking."""
+    width = ceil_div(p.sk % block_k, 16) * 16
+    return width if 0 < width < block_k and p.causal == "none" else 0
+
+
+def trimmed_tail(p: AttentionProblem, block_k: int, trim: bool) -> dict:
+    """trim=1: template parameters for a last key tile of Sk % block_k keys, run at that width rounded
+    up to 16 (S = Q K^T of m64nNk16, P V over N / 16 steps) after the loop over whole tiles; none where
+    `_tail_keys` finds nothing to trim (causal: each warpgroup's last tile differs). Only passed when
+    on, so the other schedules' sources stay as they were."""
+    return {"tail_keys": _tail_keys(p, block_k)} if trim and _tail_keys(p, block_k) else {}
+
+
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
                tail: tuple, scale_log2: float) -> Plan:
     reason = why_not(p, device)
@@ -414,8 +441,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     tma = bool(int(schedule.get("tma", 0)))
     release = bool(int(schedule.get("release", 0)))
     bounded = bool(int(schedule.get("bounded", 0)))
+    trim = bool(int(schedule.get("trim", 0)))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
-    for name, on in (("release", release), ("bounded", bounded)):
+    for name, on in (("release", release), ("bounded", bounded), ("trim", trim)):
         if on and (producer or not tma):
             raise ScheduleError(f"attention fused_wgmma: {name}=1 is an option of the plain TMA loop (tma=1, producer=0)")
     allowed = PLAIN_GROUPS if tma and not producer else GROUPS
@@ -447,7 +475,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
               "stages": stages,
               "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
-              "release": release, "bounded": bounded}
+              "release": release, "bounded": bounded, **trimmed_tail(p, bk, trim)}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:
