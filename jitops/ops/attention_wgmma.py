@@ -19,6 +19,10 @@ runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`) and 3
 tiles at D = 128 without causal masking (`three_groups`): 1.02-1.18x the earlier picks.
 2026-11-27: causal grids go heaviest first within groups of heads where all heads' K / V exceed 2x L2
 (`causal_head_group`, `head_group`): 1.05-1.14x at B=8 H=16 S=2048 D=128 and Llama-2-7B S=4096.
+Later that day: calls under a wave of blocks take fused_wgmma too, on one warpgroup per block where
+that grid needs no more waves of resident blocks (`preferred`, `one_group`: ViT-B/16 b1 1.8x, BERT-base
+b1 S=128 1.4x), and a partial last key tile runs after the loop at its own width (`trim_flag`,
+`trimmed_tail`: ViT / DeiT b32-b64 1.09x).
 """
 from __future__ import annotations
 
