@@ -143,10 +143,15 @@ def _tile_use(n: int, tile: int) -> float:
     return n / (ceil_div(n, tile) * tile)
 
 
+def _blocks(p: AttentionProblem, rows: int) -> int:
+    """The grid of blocks of `rows` query rows each: one per query tile of every (batch, head)."""
+    return p.batch * p.heads * ceil_div(p.sq, rows)
+
+
 def _occupancy(p: AttentionProblem, groups: int, device: DeviceInfo) -> float:
     """The share of the launched work that is real: query rows over padded rows, blocks over whole
     waves of one block per multiprocessor (these kernels keep one block per SM)."""
-    blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+    blocks = _blocks(p, 64 * groups)
     waves = ceil_div(blocks, device.multiprocessors)
     return _tile_use(p.sq, 64 * groups) * (blocks / (waves * device.multiprocessors))
 
@@ -215,17 +220,12 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
         if _tile_use(p.sk, 128) >= 0.9:
             tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
         elif short_prefill(p):
-            tiles = (1, 128 if _waves(p, 64, device) <= 2 else 64, causal)
+            tiles = (1, 128 if _blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
         else:
             tiles = None
     else:
         tiles = (1 if short_prefill(p) and one_group(p, 64, device) else 2, 64, dp > 160)
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
-
-
-def _waves(p: AttentionProblem, rows: int, device: DeviceInfo) -> float:
-    """Blocks of `rows` query rows over the multiprocessors (waves of one block per SM)."""
-    return p.batch * p.heads * ceil_div(p.sq, rows) / device.multiprocessors
 
 
 def plain_resident(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> int:
@@ -252,8 +252,7 @@ def one_group(p: AttentionProblem, block_k: int, device: DeviceInfo) -> bool:
         return False
 
     def waves(groups: int) -> int:
-        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
-        return ceil_div(blocks, plain_resident(p.d, groups, block_k, device) * device.multiprocessors)
+        return ceil_div(_blocks(p, 64 * groups), plain_resident(p.d, groups, block_k, device) * device.multiprocessors)
     return waves(1) <= waves(2)
 
 
@@ -284,7 +283,7 @@ def three_groups(p: AttentionProblem, device: DeviceInfo) -> bool:
     S=2048 D=128 1.07x / 1.05x fp16, 1.02x bf16; Flux / SD3 (H=24 S=4096) 1.05x fp16, 1.04x bf16. Slower
     with causal masking (0.83x), at DP <= 96 (0.79-0.94x), without release (0.86x) or the bounded step.
     Only where the 192-row and 128-key tiles are mostly real and the blocks fill a wave."""
-    blocks = p.batch * p.heads * ceil_div(p.sq, 192)
+    blocks = _blocks(p, 192)
     return (padded_dim(p.d) == 128 and p.causal == "none" and _tiles_unchecked(p)
             and _tile_use(p.sq, 192) >= 0.9 and _tile_use(p.sk, 128) >= 0.9
             and blocks >= device.multiprocessors and fits(p.d, 3, 128, device, 2, False, True))
@@ -305,7 +304,7 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
             groups, bk, release, ring = 4, four_groups_block_k(p, device), True, 3
         elif three_groups(p, device):
             groups, bk, release, bounded = 3, 128, True, True
-        blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+        blocks = _blocks(p, 64 * groups)
         smem = shared_bytes(p.d, groups, bk, ring, True)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
                f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffers of {bk} keys loaded by TMA "
@@ -321,7 +320,7 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     if tma is None:
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
     groups, bk, ring = tma
-    blocks = p.batch * p.heads * ceil_div(p.sq, 64 * groups)
+    blocks = _blocks(p, 64 * groups)
     smem = shared_bytes(p.d, groups, bk, ring, True)
     why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} consumer warpgroups x "
            f"64 query rows, S = QK^T and O += PV by wgmma (P from registers); a producer warpgroup loads "
@@ -432,7 +431,8 @@ def trimmed_tail(p: AttentionProblem, block_k: int, trim: bool) -> dict:
     up to 16 (S = Q K^T of m64nNk16, P V over N / 16 steps) after the loop over whole tiles; none where
     `_tail_keys` finds nothing to trim (causal: each warpgroup's last tile differs). Only passed when
     on, so the other schedules' sources stay as they were."""
-    return {"tail_keys": _tail_keys(p, block_k)} if trim and _tail_keys(p, block_k) else {}
+    keys = _tail_keys(p, block_k) if trim else 0
+    return {"tail_keys": keys} if keys else {}
 
 
 def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
