@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -116,10 +117,20 @@ def resolve(variant, pick, p=None, device=None):
     return variant
 
 
+def custom_shape(name: str):
+    """'B=8 H=15 S=2112 D=128 [Hk=..] [causal]' -> a SHAPES entry."""
+    fields = dict(re.findall(r"(\w+)=(\d+)", name))
+    b, h, s, d = (int(fields[key]) for key in ("B", "H", "S", "D"))
+    hk = int(fields.get("Hk", h))
+    return name, (b, h, s, d), (b, hk, s, d), name.endswith("causal")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", action="append", default=[], help="label=key=value,...")
     ap.add_argument("--shapes", help="comma-separated shape names (default: all)")
+    ap.add_argument("--custom", action="append", default=[],
+                    help="a shape not in the list, named 'B=.. H=.. S=.. D=..' [+ ' Hk=..'] [+ ' causal'] (repeatable)")
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--rotate", action="store_true", help="as many passes as entries, each starting at the next one")
@@ -137,11 +148,12 @@ def main() -> int:
     device = jitops.get_backend().device
     variants = [parse_variant(v) for v in args.variant]
     old_picks = json.load(open(args.old_picks)) if args.old_picks else {}
-    wanted = set(args.shapes.split(",")) if args.shapes else None
+    shapes = SHAPES + [custom_shape(text) for text in args.custom]
+    wanted = set(args.shapes.split(",")) | set(args.custom) if args.shapes else (set(args.custom) or None)
     rows, failures = [], 0
     for dtype in args.dtypes.split(","):
         tdt = getattr(torch, dtype)
-        for name, qs, kvs, causal in SHAPES:
+        for name, qs, kvs, causal in shapes:
             if wanted and name not in wanted:
                 continue
             specs = {"q": TensorSpec(qs, dtype), "k": TensorSpec(kvs, dtype), "v": TensorSpec(kvs, dtype), "mask": None}
