@@ -149,7 +149,7 @@ def main() -> int:
     variants = [parse_variant(v) for v in args.variant]
     old_picks = json.load(open(args.old_picks)) if args.old_picks else {}
     shapes = SHAPES + [custom_shape(text) for text in args.custom]
-    wanted = set(args.shapes.split(",")) | set(args.custom) if args.shapes else (set(args.custom) or None)
+    wanted = set(args.shapes.split(",")) | set(args.custom) if args.shapes else None   # None: every shape
     rows, failures = [], 0
     for dtype in args.dtypes.split(","):
         tdt = getattr(torch, dtype)
