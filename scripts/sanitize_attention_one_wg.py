@@ -1,7 +1,7 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
-with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1).
+with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -27,4 +27,9 @@ for d, g, bk in ((64, 1, 64), (64, 1, 128), (128, 2, 64)):        # trim=1: the 
     assert torch.isfinite(out).all()
 x = torch.randn(1, 12, 197, 64, device="cuda", dtype=torch.float16)   # ViT-B/16 b1: the scheduler's pick
 assert torch.isfinite(jitops.attention(x, x, x)).all()
+for g in (1, 2):                     # CLIP's 257 tokens: 128-key tiles, the last one of 1 key run at 16
+    x = torch.randn(1, 4, 257, 64, device="cuda", dtype=torch.float16)
+    out = jitops.attention(x, x, x, schedule=Schedule.make("fused_wgmma", groups=g, block_k=128, tma=1, bounded=1, trim=1))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
 print("sanitize cases done")

@@ -525,8 +525,15 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     for causal, mask in ((True, False), (False, True)):
         s = op.heuristic(_hopper_problem((8, 12, 197, 64), (8, 12, 197, 64), causal=causal, mask=mask), h100)
         assert s.algorithm == "fused_mma", (causal, mask, s)
-    clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64)), h100)   # 256 and more: wgmma
-    # 257 keys in 128-key tiles would be a third padding: 64-key tiles, 3 warpgroups and a producer
+    # CLIP's 257 tokens: 128-key tiles with the last one trimmed to 16 keys (256 + 16: 94% real), the plain
+    # loop, one warpgroup per block where its grid takes no more waves (b1, b8), two at b32; causal calls
+    # cannot trim, and there 128-key tiles would be a third padding: 64-key tiles, 3 warpgroups, a producer
+    for q, groups in (((1, 16, 257, 64), 1), ((8, 16, 257, 64), 1), ((32, 16, 257, 64), 2)):
+        clip = op.heuristic(_hopper_problem(q, q), h100)
+        assert clip.algorithm == "fused_wgmma" and not clip.get("producer", 0), clip
+        assert (clip["groups"], clip["block_k"], clip["tma"], clip["trim"], clip["bounded"]) == (groups, 128, 1, 1, 1), clip
+        assert "last key tile at 16 keys" in clip.why, clip.why
+    clip = op.heuristic(_hopper_problem((8, 16, 257, 64), (8, 16, 257, 64), causal=True), h100)
     assert clip.algorithm == "fused_wgmma" and clip["groups"] == 3 and clip["producer"] == 1 and clip["tma"] == 1, clip
     causal = op.heuristic(_hopper_problem((8, 16, 2048, 64), (8, 16, 2048, 64), causal=True), h100)
     assert (causal["groups"], causal["block_k"], causal["tma"], causal["release"]) == (2, 128, 1, 1), causal

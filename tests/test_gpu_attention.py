@@ -348,7 +348,7 @@ def test_wgmma_tma_loads(dtype, d):
 @pytest.mark.parametrize("d", [40, 64, 128, 256])
 def test_wgmma_trimmed_last_tile(dtype, d):
     """trim=1: the last key tile of Sk % block_k keys runs at that width rounded up to 16 after the loop
-    (S of m64nNk16, P V over N / 16 steps): tails of 5, 16, 17, 60, 69, 92 keys (60 of 64: no tail), a call
+    (S of m64nNk16, P V over N / 16 steps): tails of 1, 5, 16, 17, 60, 69, 92 keys (60 of 64: no tail), a call
     whose only tile is the tail (77 keys), with a mask, GQA and K / V off 16-byte alignment; causal calls keep every tile
     (no tail) and stay right; against float64."""
     if not hopper():
@@ -360,7 +360,7 @@ def test_wgmma_trimmed_last_tile(dtype, d):
                                                 (2, 128, {"release": 1}), (3, 128, {"release": 1, "bounded": 1}))
              if fits(d, g, bk, device, 2, False, True)]
     assert tiles
-    for sk in (197, 208, 209, 77, 700, 1500 if d <= 64 else 300):     # 700: 60 keys past 640, nothing to trim at 64
+    for sk in (197, 208, 209, 257, 77, 700, 1500 if d <= 64 else 300):   # 700: 60 keys past 640, nothing to trim at 64
         q = randn(2, 4, 197, d, dtype=dtype)
         k, v = randn(2, 2, sk, d, dtype=dtype), randn(2, 2, sk, d, dtype=dtype)
         for g, bk, extra in tiles:
@@ -384,7 +384,7 @@ def test_small_calls_take_wgmma(dtype):
         pytest.skip("fused_wgmma needs an sm_90 device")
     op = get_op("attention")
     device = jitops.get_backend().device
-    for shape in ((1, 12, 197, 64), (1, 8, 128, 64), (1, 12, 160, 128), (1, 8, 197, 256)):
+    for shape in ((1, 12, 197, 64), (1, 8, 128, 64), (1, 12, 160, 128), (1, 8, 197, 256), (1, 16, 257, 64)):
         q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
         specs = {n: TensorSpec(shape, str(dtype).split(".")[-1]) for n in "qkv"}
         pick = op.heuristic(op.make_problem({**specs, "mask": None}, {}), device)

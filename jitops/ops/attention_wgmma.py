@@ -199,7 +199,7 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     and ring (scripts/device_attention.py; raw: docs/data/attention_tma_h100_2026-11-25/):
     - up to DP = 64, 2 warpgroups and 128-key tiles: 1.09-1.30x the producer's best on B=8 H=16
       S=2048 (with and without causal masking), SDXL, Whisper and GPT-2; 0.98x on SD 1.5 (D = 40);
-      not where 128-key tiles pad the keys (CLIP's 257: 0.88x the 3-warpgroup producer pick);
+      not where 128-key tiles pad the keys (CLIP's 257 untrimmed: 0.88x the 3-warpgroup producer pick);
     - D = 72 .. 160: 64-key tiles (DiT 1.06x, B=8 H=16 S=2048 D=128 1.08x). With causal masking
       the producer loop was as fast until the descriptors moved to uniform registers and ptxas was
       asked for two blocks per SM (17:28 UTC): since then the plain loop runs Llama-3 prefill in
@@ -209,7 +209,12 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
       warpgroup per block and 64-key tiles, 128-key tiles on up to two waves of blocks (one warpgroup
       of 64-key tiles above DP = 64 there);
     - up to DP = 64 over whole 128-key tiles, one warpgroup per block where its grid takes no more waves
-      of resident blocks than two warpgroups' (`one_group`: calls of a few waves, batch-1 encoders).
+      of resident blocks than two warpgroups' (`one_group`: calls of a few waves, batch-1 encoders);
+    - from 256 keys, the same where the keys fill 128-key tiles once the last one is trimmed
+      (`_trimmed_key_use`: CLIP's 257 tokens, 256 + 16 keys). H100, 2026-11-27 08:12
+      (scripts/device_attention_ab.py --rotate --discard-first, fp16, CLIP-L/14 B x 16 x 257 x 64):
+      b1 8.8 -> 5.6 us (SDPA 8.7), b8 17.9 -> 14.8 (18.5), b32 65.3 -> 48.4 (62.1) against the producer
+      loop, the pick before.
     Rings of 3-4 buffers ran 0.7-0.97x the two-buffer ring, 3 warpgroups 0.5-0.9x.
     release: consumer warps free each buffer on an mbarrier instead of a block barrier per tile (one
     warpgroup may run a tile ahead). Same H100, 15:42: causal B=8 H=16 S=2048 1.03x, GPT-2 1.03x,
@@ -221,6 +226,8 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
             tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if _blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
+        elif p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9:
+            tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
         else:
             tiles = None
     else:
@@ -417,6 +424,13 @@ def trim_flag(p: AttentionProblem, block_k: int) -> dict:
     last tile of 5 in 64-key tiles) 29.0 -> 26.4 us, ViT-L/16 b32 36.6 -> 33.7, DeiT-S b64 28.8 -> 26.6,
     ViT-B/16 b8 / b1 1.06x, 160 keys at D = 128 1.07x, Whisper's 1500 (92 of 128) 1.00x; never slower."""
     return {"trim": 1} if _tail_keys(p, block_k) else {}
+
+
+def _trimmed_key_use(p: AttentionProblem, block_k: int) -> float:
+    """The share of the keys the plain TMA loop runs that is real, with its last tile trimmed where
+    `_tail_keys` trims it (else padded to a whole tile)."""
+    tail = _tail_keys(p, block_k)
+    return p.sk / (p.sk // block_k * block_k + tail) if tail else _tile_use(p.sk, block_k)
 
 
 def _tail_keys(p: AttentionProblem, block_k: int) -> int:
