@@ -118,11 +118,11 @@ def resolve(variant, pick, p=None, device=None):
 
 
 def custom_shape(name: str):
-    """'B=8 H=15 S=2112 D=128 [Hk=..] [causal]' -> a SHAPES entry."""
+    """'B=8 H=15 S=2112 D=128 [Hk=..] [Sk=..] [causal]' -> a SHAPES entry (Sk: keys, S the default)."""
     fields = dict(re.findall(r"(\w+)=(\d+)", name))
     b, h, s, d = (int(fields[key]) for key in ("B", "H", "S", "D"))
-    hk = int(fields.get("Hk", h))
-    return name, (b, h, s, d), (b, hk, s, d), name.endswith("causal")
+    hk, sk = int(fields.get("Hk", h)), int(fields.get("Sk", s))
+    return name, (b, h, s, d), (b, hk, sk, d), name.endswith("causal")
 
 
 def main() -> int:
@@ -130,7 +130,7 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], help="label=key=value,...")
     ap.add_argument("--shapes", help="comma-separated shape names (default: all)")
     ap.add_argument("--custom", action="append", default=[],
-                    help="a shape not in the list, named 'B=.. H=.. S=.. D=..' [+ ' Hk=..'] [+ ' causal'] (repeatable)")
+                    help="a shape not in the list, named 'B=.. H=.. S=.. D=..' [+ ' Hk=..'] [+ ' Sk=..'] [+ ' causal'] (repeatable)")
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--rotate", action="store_true", help="as many passes as entries, each starting at the next one")

@@ -1,7 +1,7 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
-with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257).
+with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257; 77 keys of cross-attention).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -30,6 +30,12 @@ assert torch.isfinite(jitops.attention(x, x, x)).all()
 for g in (1, 2):                     # CLIP's 257 tokens: 128-key tiles, the last one of 1 key run at 16
     x = torch.randn(1, 4, 257, 64, device="cuda", dtype=torch.float16)
     out = jitops.attention(x, x, x, schedule=Schedule.make("fused_wgmma", groups=g, block_k=128, tma=1, bounded=1, trim=1))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+for d in (64, 160):                  # cross-attention over 77 keys: the scheduler's pick, one 128-key tile trimmed to 80
+    q = torch.randn(1, 4, 300, d, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 4, 77, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = jitops.attention(q, k, v)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
 print("sanitize cases done")

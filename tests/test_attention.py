@@ -510,6 +510,18 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     for causal, mask in ((True, False), (False, True)):     # two warpgroups: one_group is measured without both
         s = op.heuristic(_hopper_problem((8, 12, 384, 64), (8, 12, 384, 64), causal=causal, mask=mask), h100)
         assert s.algorithm == "fused_wgmma" and s["groups"] == 2, (causal, mask, s)
+    # long queries over one tile of keys (SD cross-attention over 77 tokens) at DP = 64 and 160: the plain
+    # loop, one warpgroup, one 128-key tile trimmed to 80; fused_mma at DP = 48 / 80, causal or with a mask
+    for q, kv, wgmma in (((2, 10, 4096, 64), (2, 10, 77, 64), True), ((2, 8, 256, 160), (2, 8, 77, 160), True),
+                         ((2, 8, 4096, 40), (2, 8, 77, 40), False), ((2, 8, 1024, 80), (2, 8, 77, 80), False)):
+        s = op.heuristic(_hopper_problem(q, kv), h100)
+        assert (s.algorithm == "fused_wgmma") == wgmma, (q, kv, s)
+        if wgmma:
+            assert (s["groups"], s["block_k"], s["tma"], s["trim"]) == (1, 128, 1, 1) and not s.get("producer", 0), s
+            assert "last key tile at 80 keys" in s.why, s.why
+    for causal, mask in ((True, False), (False, True)):
+        s = op.heuristic(_hopper_problem((2, 10, 4096, 64), (2, 10, 77, 64), causal=causal, mask=mask), h100)
+        assert s.algorithm == "fused_mma", (causal, mask, s)
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((8, 12, 197, 64), (8, 12, 77, 64), "float16"),         # 77 keys: short cross-attention
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8
