@@ -38,4 +38,10 @@ for d in (64, 160):                  # cross-attention over 77 keys: the schedul
     out = jitops.attention(q, k, v)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+for d in (64, 128):                  # 64 queries over 1030 keys (Whisper's decoder over its encoder): the pick
+    q = torch.randn(1, 2, 100, d, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 1030, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = jitops.attention(q, k, v)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
 print("sanitize cases done")

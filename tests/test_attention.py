@@ -522,6 +522,19 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     for causal, mask in ((True, False), (False, True)):
         s = op.heuristic(_hopper_problem((2, 10, 4096, 64), (2, 10, 77, 64), causal=causal, mask=mask), h100)
         assert s.algorithm == "fused_mma", (causal, mask, s)
+    # ... but not over a few keys (IP-Adapter's 16 image tokens: fused_mma 1.6x faster)
+    assert op.heuristic(_hopper_problem((2, 10, 4096, 64), (2, 10, 16, 64)), h100).algorithm == "fused_mma"
+    # 64-255 queries over 1024 keys or more (Whisper's decoder over 1500 frames): one warpgroup walking
+    # every key tile, 128-key tiles up to DP = 64, 64 above; split-KV fused_mma for decoding, causal calls,
+    # fewer queries or D = 256
+    for q, kv, bk in (((8, 20, 64, 64), (8, 20, 1500, 64), 128), ((8, 16, 100, 64), (8, 16, 2048, 64), 128),
+                      ((8, 16, 64, 128), (8, 16, 4096, 128), 64)):
+        s = op.heuristic(_hopper_problem(q, kv), h100)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (1, bk, 1), (q, kv, s)
+        assert not s.get("producer", 0), s
+    for q, kv, causal in (((8, 20, 64, 64), (8, 20, 1500, 64), True), ((8, 32, 16, 128), (8, 8, 4096, 128), False),
+                          ((8, 16, 64, 256), (8, 16, 4096, 256), False)):
+        assert op.heuristic(_hopper_problem(q, kv, causal=causal), h100).algorithm == "fused_mma", (q, kv, causal)
     for q, kv, dtype in (((16, 32, 1, 128), (16, 8, 4096, 128), "float16"),      # decoding
                          ((8, 12, 197, 64), (8, 12, 77, 64), "float16"),         # 77 keys: short cross-attention
                          ((2, 8, 2048, 36), (2, 8, 2048, 36), "float16")):       # D not a multiple of 8

@@ -402,18 +402,21 @@ def test_small_calls_take_wgmma(dtype):
 def test_cross_attention_over_short_keys_takes_wgmma(dtype):
     """Long queries over 77 keys (Stable Diffusion's cross-attention) at D = 64 and 160 run the
     scheduler's one-warpgroup fused_wgmma tile on sm_90 (one key tile trimmed to 80), against float64;
-    also with 5 and 128 keys (a tail of 16, a whole tile)."""
+    also with 64 and 128 keys (one tile); and 64-100 queries over 1030-1500 keys (Whisper's decoder
+    cross-attention: one warpgroup walking every key tile, the last one trimmed)."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
     op = get_op("attention")
     device = jitops.get_backend().device
-    for qs, sk in (((2, 10, 1024, 64), 77), ((1, 8, 256, 160), 77), ((1, 4, 300, 64), 5), ((1, 4, 300, 64), 128)):
+    for qs, sk, bk in (((2, 10, 1024, 64), 77, 128), ((1, 8, 256, 160), 77, 128), ((1, 4, 300, 64), 64, 128),
+                       ((1, 4, 300, 64), 128, 128),
+                       ((2, 4, 64, 64), 1500, 128), ((1, 4, 100, 64), 1100, 128), ((2, 2, 64, 128), 1030, 64)):
         kvs = (*qs[:2], sk, qs[3])
         q, k, v = randn(*qs, dtype=dtype), randn(*kvs, dtype=dtype), randn(*kvs, dtype=dtype)
         dt = str(dtype).split(".")[-1]
         pick = op.heuristic(op.make_problem({"q": TensorSpec(qs, dt), "k": TensorSpec(kvs, dt),
                                              "v": TensorSpec(kvs, dt), "mask": None}, {}), device)
-        assert pick.algorithm == "fused_wgmma" and pick["groups"] == 1 and pick["block_k"] == 128, (qs, sk, pick)
+        assert pick.algorithm == "fused_wgmma" and pick["groups"] == 1 and pick["block_k"] == bk, (qs, sk, pick)
         check(q, k, v)
 
 

@@ -108,7 +108,7 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     (9-14 us, SDPA 20-30), and in graph replay the one-warpgroup tiles (`one_group`) run ViT-B/16 b1
     in 5.3 us against 9.1 on fused_mma (SDPA 7.7), BERT-base b1 S=128 3.8 against 5.5 (SDPA 6.1), D = 256
     at 197 tokens b1 11.0 against 22.2 (SDPA 12.7)."""
-    if (p.sq >= 256 and p.sk >= 256) or short_prefill(p) or short_keys(p):
+    if (p.sq >= 256 and p.sk >= 256) or short_prefill(p) or short_keys(p) or short_queries(p):
         return True
     return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and _tile_use(p.sq, 128) >= 0.9
             and _tile_use(p.sk, 128) >= 0.9)
@@ -128,8 +128,8 @@ def short_prefill(p: AttentionProblem) -> bool:
 
 
 def short_keys(p: AttentionProblem) -> bool:
-    """Long queries over one tile of keys (Stable Diffusion's cross-attention over the text encoder's 77
-    tokens), without causal masking or a mask, at DP = 64 and 160: the plain TMA loop, one warpgroup of
+    """Long queries over one tile of 64-128 keys (Stable Diffusion's cross-attention over the text encoder's
+    77 tokens), without causal masking or a mask, at DP = 64 and 160: the plain TMA loop, one warpgroup of
     64 rows per block, the keys in one 128-key tile trimmed to their width (77 -> 80). H100, 2026-11-27
     08:21 (scripts/device_attention_ab.py --rotate --discard-first, fp16, against fused_mma, the pick
     before): SDXL at 64 x 64 latents (B=2 H=10 S=4096 D=64) 18.1 -> 15.2 us (SDPA 15.1), 32 x 32 (B=2
@@ -137,8 +137,22 @@ def short_keys(p: AttentionProblem) -> bool:
     per-block fixed cost of a single key tile); SD 1.5 at 16 x 16 (D=160, S=256) 9.4 -> 5.4 (8.9). Not at
     DP = 48 (SD 1.5 64 x 64, D=40: fused_mma 13.4 against 14.1 at best) nor DP = 80 (SD 1.5 32 x 32 1.10x,
     but PixArt's 120 keys at D=72 0.89x with two warpgroups and 0.64x with one)."""
-    return (p.sq >= 256 and p.sk <= 128 and p.causal == "none" and not p.has_mask
+    return (p.sq >= 256 and 64 <= p.sk <= 128 and p.causal == "none" and not p.has_mask
             and padded_dim(p.d) in (64, 160))
+
+
+def short_queries(p: AttentionProblem) -> bool:
+    """64-255 queries over 1024 keys or more (Whisper's decoder attending to its 1500 encoder frames, a
+    chunk of queries against a long context), without causal masking or a mask, up to DP = 128: the
+    plain TMA loop, one warpgroup per 64 query rows walking every key tile (128-key tiles up to DP = 64,
+    64 above), where fused_mma split the keys. H100, 2026-11-27 08:28-08:29 (scripts/device_attention_ab.py
+    --rotate --discard-first, fp16, against fused_mma, the pick before), Whisper (H=20, 64 queries, 1500
+    keys, D=64): B=1 17.9 -> 16.2 us, B=4 26.4 -> 16.4, B=8 58.1 -> 29.2 (64-key tiles), B=16 53.9 ->
+    50.0; B=8 H=16 with 100 queries over 2048 keys 51.8 -> 29.3, 64 over 4096 at D=128 126.3 -> 94.1
+    (SDPA 19.5-19.9, 57.1, 29.8, 96.8). Those with 128-255 queries whose 128-row tiles are at least 90%
+    real already run the plain loop (`preferred`)."""
+    return (64 <= p.sq < 256 and p.sk >= 1024 and p.causal == "none" and not p.has_mask
+            and padded_dim(p.d) <= 128)
 
 
 def three_group_gain(d: int, causal: bool) -> float:
@@ -242,12 +256,14 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
             tiles = (1, 128 if _blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
         elif p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9:
             tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
-        elif short_keys(p):
+        elif short_keys(p) or short_queries(p):
             tiles = (1, 128, False)
         else:
             tiles = None
     elif short_keys(p):
         tiles = (1, 128, False)
+    elif short_queries(p):
+        tiles = (1, 64, False)
     else:
         tiles = (1 if short_prefill(p) and one_group(p, 64, device) else 2, 64, dp > 160)
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
