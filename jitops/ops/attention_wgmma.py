@@ -11,8 +11,8 @@ memory: 1.16x fused_mma on the H100 (2026-11-25, Gemma-7B prefill, 163 vs 189 us
 On sm_90 the scheduler loads K / V by TMA (`tma=1`: 128-byte-swizzled tiles, tensor maps encoded
 at bind): in the plain loop, thread 0 issuing over two buffers (`plain_tma_tiles`: every D, except
 D <= 64 where 128-key tiles would pad the keys), else in the warp-specialized loop, one thread of
-the producer warpgroup issuing (`tma_tiles`: CLIP's 257 keys; also the fallback where the plain
-loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
+the producer warpgroup issuing (`tma_tiles`: causal calls whose keys pad 128-key tiles; also the
+fallback where the plain loop does not fit). H100 model shapes (2026-11-25): 0.773x -> 0.940x SDPA (fp16 geomean) at 15:25,
 0.994x at 17:31 with causal D = 72-160 moved to the plain loop; Gemma D = 256 1.83x faster.
 2026-11-26: the plain loop skips the running max while probabilities stay bounded (`bounded_exp`),
 runs 4 warpgroups where rows are not whole 32-byte sectors (`four_groups`) and 3 warpgroups of 128-key
@@ -22,7 +22,11 @@ tiles at D = 128 without causal masking (`three_groups`): 1.02-1.18x the earlier
 Later that day: calls under a wave of blocks take fused_wgmma too, on one warpgroup per block where
 that grid needs no more waves of resident blocks (`preferred`, `one_group`: ViT-B/16 b1 1.8x, BERT-base
 b1 S=128 1.4x), and a partial last key tile runs after the loop at its own width (`trim_flag`,
-`trimmed_tail`: ViT / DeiT b32-b64 1.09x).
+`trimmed_tail`: ViT / DeiT b32-b64 1.09x). With the trimmed tile the plain loop also takes CLIP's 257
+keys (`_trimmed_key_use`: 1.26-1.61x SDPA), long queries over 64-128 keys (`short_keys`: SD / SDXL
+cross-attention over 77 text tokens, 1.00-1.63x) and 64-255 queries over 1024 keys or more
+(`short_queries`: Whisper's decoder cross-attention, 1.21-1.41x), which ran the producer loop or
+fused_mma before.
 """
 from __future__ import annotations
 
@@ -34,7 +38,6 @@ from .base import ITEMSIZE, Buf, Launch, Plan, Scalar, Schedule, ceil_div
 
 TEMPLATE = "attention/fused_wgmma.hip.j2"
 MAX_DIM = 256
-MIN_ROWS = 128          # fewer query rows per head: most of a 64-row warpgroup tile would be padding
 BLOCK_KS = (64, 128)
 GROUPS = (2, 3)
 # The plain TMA loop also runs one warpgroup of 64 rows per block (up to 4 blocks per SM), by an
