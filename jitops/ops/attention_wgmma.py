@@ -350,13 +350,17 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
             groups, bk, release, bounded = 3, 128, True, True
         blocks = _blocks(p, 64 * groups)
         smem = shared_bytes(p.d, groups, bk, ring, True)
-        why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroups x 64 query "
+        why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroup{'s' if groups > 1 else ''} x 64 query "
                f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffers of {bk} keys loaded by TMA "
                f"into the 128-byte swizzle" + (", released per warp on mbarriers" if release else "")
                + (", no running max while the probabilities stay bounded" if bounded else "")
                + f" ({smem // 1024} KiB shared); {blocks} blocks")
         trim = trim_flag(p, bk)
         why += f"; the last key tile at {_tail_keys(p, bk)} keys" if trim else ""
+        if short_keys(p):
+            why += f"; {p.sq} queries over {p.sk} keys (cross-attention): one key tile per block, no split"
+        elif short_queries(p):
+            why += f"; {p.sq} queries over {p.sk} keys: each warpgroup walks every key tile, no split-KV"
         return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1,
                              **({"stages": ring} if ring != 2 else {}), **({"release": 1} if release else {}),
                              **({"bounded": 1} if bounded else {}), **trim)
