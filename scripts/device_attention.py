@@ -24,7 +24,7 @@ import jitops
 from jitops.bench.attention import MODELS, sdpa_call, torch_reference
 from jitops.bench.timing import Timer
 from jitops.ops import get_op
-from jitops.ops.attention_wgmma import why_not as wgmma_why_not
+from jitops.ops.attention_wgmma_fit import why_not as wgmma_why_not
 from jitops.ops.base import Schedule, TensorSpec
 
 op = get_op("attention")

@@ -233,7 +233,7 @@ def test_wgmma_padded_dims_gqa_causal_tiles(dtype, d):
     diagonals with Sq != Sk."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
-    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.attention_wgmma_fit import fits
     from jitops.ops.base import Schedule
     q = randn(2, 8, 200, d, dtype=dtype)
     k, v = randn(2, 2, 333, d, dtype=dtype), randn(2, 2, 333, d, dtype=dtype)
@@ -316,7 +316,7 @@ def test_wgmma_tma_loads(dtype, d):
     swizzled tiles themselves)."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
-    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.attention_wgmma_fit import fits
     from jitops.ops.base import Schedule
     q = randn(2, 8, 90, d, dtype=dtype)
     k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)
@@ -353,7 +353,7 @@ def test_wgmma_trimmed_last_tile(dtype, d):
     (no tail) and stay right; against float64."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
-    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.attention_wgmma_fit import fits
     from jitops.ops.base import Schedule
     device = jitops.get_backend().device
     tiles = [(g, bk, extra) for g, bk, extra in ((1, 64, {"bounded": 1}), (1, 128, {"bounded": 1}), (2, 64, {}),
@@ -463,7 +463,7 @@ def test_wgmma_producer_warpgroup(dtype, d):
     query row, GQA 4:1, both causal diagonals with Sq != Sk (warpgroups stopping at different tiles)."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
-    from jitops.ops.attention_wgmma import fits
+    from jitops.ops.attention_wgmma_fit import fits
     from jitops.ops.base import Schedule
     q = randn(2, 8, 90, d, dtype=dtype)
     k, v = randn(2, 2, 900, d, dtype=dtype), randn(2, 2, 900, d, dtype=dtype)

@@ -3,7 +3,7 @@
 Algorithms:
 - fused_wgmma: the same single pass on Hopper's warpgroup MMA (sm_90a; prefill-sized fp16/bf16
   problems with D a multiple of 8 up to 256: attention_wgmma). Chosen over fused_mma on sm_90
-  where attention_wgmma.preferred says it wins.
+  where attention_wgmma_rules.preferred says it wins.
 - fused_mma: flash-style single pass on the matrix cores (fp16; any D up to 256, padded to a
   multiple of 16 in the kernel; GQA packing, warps splitting keys and split-KV for decoding:
   attention_mma).
@@ -21,7 +21,9 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
-from .attention_wgmma import plan_wgmma, preferred, wgmma_candidates, wgmma_schedule, wgmma_shortlist, why_not
+from .attention_wgmma import plan_wgmma, wgmma_candidates, wgmma_schedule, wgmma_shortlist
+from .attention_wgmma_fit import why_not
+from .attention_wgmma_rules import preferred
 from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorSpec, Workspace, ceil_div, index_type
 
 log = logging.getLogger("jitops.ops.attention")
