@@ -14,7 +14,8 @@ from .base import ITEMSIZE, ceil_div
 
 def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     """Where the scheduler takes fused_wgmma over fused_mma on an sm_90 device: prefill of 256
-    queries and keys or more. H100, both kernels on the same tensors (scripts/device_attention.py):
+    queries and keys or more, and the shorter calls of `short_prefill`, `short_keys` (cross-attention
+    over 64-128 keys) and `short_queries` (64-255 queries over long keys). H100, both kernels on the same tensors (scripts/device_attention.py):
     2026-11-23, 1.06-1.18x faster from S = 1024 up (GPT-2, DiT, Whisper, SD, SDXL, Llama-3 prefill,
     B=8 H=16 S=2048); 2026-11-25, CLIP ViT-L/14 (S=257) 1.18x (fp16 20.8 vs 24.6 us, bf16 20.3 vs
     24.7: 3 warpgroups pad 257 rows no worse than fused_mma's 128-row tiles) and Gemma D=256 1.16x;
