@@ -30,6 +30,8 @@ MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
     ("BERT-base S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
     ("SD1.5 self D=40", (2, 8, 4096, 40), (2, 8, 4096, 40), False),
     ("SD1.5 cross Sk=77 D=40", (2, 8, 4096, 40), (2, 8, 77, 40), False),
+    ("SDXL cross Sk=77 H=10 S=4096", (2, 10, 4096, 64), (2, 10, 77, 64), False),
+    ("Whisper decoder cross Sq=64 Sk=1500", (8, 20, 64, 64), (8, 20, 1500, 64), False),
     ("SDXL self H=10 S=4096", (2, 10, 4096, 64), (2, 10, 4096, 64), False),
     ("Whisper enc H=20 S=1500", (1, 20, 1500, 64), (1, 20, 1500, 64), False),
     ("Llama3-8B prefill GQA causal", (1, 32, 2048, 128), (1, 8, 2048, 128), True),
