@@ -171,12 +171,11 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     dp = padded_dim(p.d)
     causal = p.causal != "none"
     if dp <= 64:
-        if _tile_use(p.sk, 128) >= 0.9:
+        # whole 128-key tiles, or from 256 keys (never short_prefill's) ones that the trimmed tile fills
+        if _tile_use(p.sk, 128) >= 0.9 or (p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9):
             tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if grid_blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
-        elif p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9:
-            tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
         elif short_keys(p) or short_queries(p):
             tiles = (1, 128, False)
         else:
