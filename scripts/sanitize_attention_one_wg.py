@@ -1,7 +1,8 @@
 """Small cases of fused_wgmma's one-warpgroup plain loop, for compute-sanitizer (memcheck, racecheck,
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
-with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257; 77 keys of cross-attention).
+with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257; 77 keys of cross-attention);
+blocks walking several query tiles over one key tile (q_walk).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -45,3 +46,10 @@ for d in (64, 128):                  # 64 queries over 1030 keys (Whisper's deco
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
 print("sanitize cases done")
+for g, sk, extra in ((1, 77, {"trim": 1}), (1, 128, {}), (2, 77, {"trim": 1})):   # q_walk: query tiles over one key tile
+    q = torch.randn(1, 4, 500, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 2, sk, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = jitops.attention(q, k, v, schedule=Schedule.make("fused_wgmma", groups=g, block_k=128, tma=1, stages=1,
+                                                           q_walk=3, **extra))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()

@@ -12,6 +12,7 @@ and refuses that schedule.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import numpy as np
 import pytest
@@ -471,6 +472,66 @@ def test_causal_wgmma_grids_group_heads_only_where_all_heads_kv_overflows_l2():
         group((8, 16, 2048, 128), (8, 16, 2048, 128), head_group=-1)
 
 
+def test_wgmma_blocks_walk_query_tiles_over_one_key_tile():
+    """sm_90: calls over 64-128 keys (cross-attention over 77 text tokens, T5's 128, BERT at S=128) take one
+    warpgroup whose blocks walk 8, 4 or 2 query tiles over the one key tile: the longest walk whose grid
+    is 4 waves of resident blocks or more (4 per SM with a trimmed tile, 3 with a whole one at DP = 64, 2
+    at DP = 80), else the longest that fills 90% of a wave; none where no walk fills one (they keep their
+    earlier picks), causal, with a mask, over fewer than 64 or more than 128 keys; an explicit walk is
+    refused where it cannot run."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops.attention_wgmma import wgmma_shortlist
+    from jitops.ops.base import Schedule
+    h100 = KNOWN_TARGETS["sm_90"]
+    for q, kv, walk in (((16, 10, 4096, 64), (16, 10, 77, 64), 4),    # SDXL cross b8: 2560 blocks of 4 >= 4 x 528
+                        ((16, 20, 1024, 64), (16, 20, 77, 64), 2),    # SDXL cross b8 at 32 x 32: 2560 of 2
+                        ((2, 10, 4096, 64), (2, 10, 77, 64), 2),      # SDXL b2: 4 -> 320 < 0.9 x 528
+                        ((8, 12, 512, 64), (8, 12, 128, 64), 2),      # T5 cross: 3 per SM, 384 >= 356
+                        ((32, 12, 128, 64), (32, 12, 128, 64), 2),    # BERT b32 S=128: 2 tiles per head
+                        ((2, 8, 4096, 40), (2, 8, 77, 40), 2),        # SD 1.5 D = 40 (fused_mma before)
+                        ((2, 16, 4096, 72), (2, 16, 120, 72), 8)):    # PixArt D = 72 over 120 (fused_mma before)
+        p = _hopper_problem(q, kv)
+        s = op.heuristic(p, h100)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["stages"], s["q_walk"]) == (1, 128, 1, walk), (q, s)
+        assert f"walks {walk} query tiles" in s.why, s.why
+        launch = op.plan(p, s, h100).launches[0]
+        assert launch.grid[0] == q[0] * q[1] * -(-(-(-q[2] // 64)) // walk), launch.grid
+        assert dict(launch.params)["q_walk"] == walk
+        assert any(c.get("q_walk") == walk for c in op.candidates(p, h100))
+        short = wgmma_shortlist(p, h100, s, 6)
+        assert short[0] == s and any(not c.get("q_walk") for c in short), short
+    for q, kv, causal, mask in (((2, 20, 1024, 64), (2, 20, 77, 64), False, False),   # 320 blocks: no walk fills
+                                ((2, 8, 256, 160), (2, 8, 77, 160), False, False),
+                                ((8, 12, 128, 64), (8, 12, 128, 64), False, False),
+                                ((16, 10, 4096, 64), (16, 10, 77, 64), True, False),
+                                ((16, 10, 4096, 64), (16, 10, 77, 64), False, True),
+                                ((16, 10, 4096, 64), (16, 10, 16, 64), False, False),
+                                ((16, 10, 4096, 64), (16, 10, 200, 64), False, False)):
+        s = op.heuristic(_hopper_problem(q, kv, causal=causal, mask=mask), h100)
+        assert not s.get("q_walk"), (q, kv, causal, mask, s)
+    # the walk's kernels compile offline for sm_90a without spills: a trimmed 80-key tile (4 blocks per SM)
+    # and a whole 128-key tile (3 per SM: at 4, 128 registers, ptxas spills)
+    if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
+        from jitops import engine
+        from jitops.runtime import get_backend
+        backend = get_backend(target="sm_90")
+        for q, kv, n in (((16, 10, 4096, 64), (16, 10, 77, 64), 80), ((8, 12, 512, 64), (8, 12, 128, 64), 128)):
+            p = _hopper_problem(q, kv)
+            launch = op.plan(p, op.heuristic(p, backend.device), backend.device).launches[0]
+            ptx, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
+                                  b"-default-device", b"--ptxas-options=-v")
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in ptx and "cp.async.bulk.tensor" in ptx
+            assert "0 bytes spill stores" in text and "C7512" not in text and "C7519" not in text, text
+    walk = Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=4)
+    for q, kv, causal, bad in (((2, 10, 4096, 64), (2, 10, 77, 64), True, {}),
+                               ((2, 10, 4096, 64), (2, 10, 200, 64), False, {}),
+                               ((2, 10, 4096, 64), (2, 10, 77, 64), False, {"q_walk": 1}),
+                               ((2, 10, 4096, 64), (2, 10, 77, 64), False, {"producer": 1})):
+        s = Schedule.make("fused_wgmma", **(walk.as_dict()["params"] | bad))
+        with pytest.raises(ScheduleError, match="q_walk|producer|stages"):
+            op.plan(_hopper_problem(q, kv, causal=causal), s, h100)
+
+
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
     up to 256, GQA, causal, masks), from 128 where the tiles are not padding, and for 128-255 queries
@@ -501,9 +562,9 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         release = (bool(causal) and q[-1] <= 64) or q[-1] == 256
         assert bool(s.get("release", 0)) == release and ("released per warp" in s.why) == release, s
     # 128 x 128: whole tiles; one warpgroup per block where its grid takes no more waves of resident blocks
-    # (3 per SM) than two warpgroups' (2 per SM): BERT b32 S=128 2 and 2, b8 S=384 2 and 2, the seed 1 and 1;
-    # not BERT b64 S=128 (4 against 3), b32 S=384 (6 against 5) or Whisper's encoder (2 against 1)
-    for q, groups in (((32, 12, 128, 64), 1), ((64, 12, 128, 64), 2), ((1, 8, 128, 64), 1), ((8, 12, 384, 64), 1),
+    # (3 per SM) than two warpgroups' (2 per SM): BERT b8 S=384 2 and 2, the seed 1 and 1; not BERT b32
+    # S=384 (6 against 5) or Whisper's encoder (2 against 1); BERT b32 / b64 at S=128 walk (below)
+    for q, groups in (((32, 12, 128, 64), 1), ((64, 12, 128, 64), 1), ((1, 8, 128, 64), 1), ((8, 12, 384, 64), 1),
                       ((32, 12, 384, 64), 2), ((1, 20, 1500, 64), 2)):
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (groups, 128, 1), (q, s)
@@ -512,13 +573,14 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         assert s.algorithm == "fused_wgmma" and s["groups"] == 2, (causal, mask, s)
     # long queries over one tile of keys (SD cross-attention over 77 tokens) at DP = 64 and 160: the plain
     # loop, one warpgroup, one 128-key tile trimmed to 80; fused_mma at DP = 48 / 80, causal or with a mask
-    for q, kv, wgmma in (((2, 10, 4096, 64), (2, 10, 77, 64), True), ((2, 8, 256, 160), (2, 8, 77, 160), True),
-                         ((2, 8, 4096, 40), (2, 8, 77, 40), False), ((2, 8, 1024, 80), (2, 8, 77, 80), False)):
+    for q, kv, wgmma in (((2, 20, 1024, 64), (2, 20, 77, 64), True), ((2, 8, 256, 160), (2, 8, 77, 160), True),
+                         ((2, 8, 1024, 80), (2, 8, 77, 80), False)):
         s = op.heuristic(_hopper_problem(q, kv), h100)
         assert (s.algorithm == "fused_wgmma") == wgmma, (q, kv, s)
         if wgmma:
             assert (s["groups"], s["block_k"], s["tma"], s["trim"]) == (1, 128, 1, 1) and not s.get("producer", 0), s
             assert "last key tile at 80 keys" in s.why and "(cross-attention)" in s.why, s.why
+            assert not s.get("q_walk"), s
     for causal, mask in ((True, False), (False, True)):
         s = op.heuristic(_hopper_problem((2, 10, 4096, 64), (2, 10, 77, 64), causal=causal, mask=mask), h100)
         assert s.algorithm == "fused_mma", (causal, mask, s)

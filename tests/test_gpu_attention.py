@@ -345,6 +345,46 @@ def test_wgmma_tma_loads(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [40, 64, 160])
+def test_wgmma_query_walk_over_one_key_tile(dtype, d):
+    """fused_wgmma blocks that walk several query tiles over one key tile loaded once (q_walk, the
+    cross-attention pick), against float64: 1-3 warpgroups, trimmed and whole 128-key tiles, a walk
+    that ends past the last row (Sq = 1000), GQA, a mask, a negative scale, K / V off 16-byte alignment,
+    and the refusals (causal; keys over one tile)."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.errors import ScheduleError
+    from jitops.ops.attention_wgmma_fit import fits
+    from jitops.ops.base import Schedule
+    device = jitops.get_backend().device
+    q = randn(2, 8, 1000, d, dtype=dtype)
+    walked = 0
+    for g, walk, sk, trim in ((1, 4, 77, 1), (1, 3, 128, 0), (2, 2, 5, 1), (3, 5, 64, 0), (1, 2, 100, 0)):
+        if not fits(d, g, 128, device, 1, False, True):
+            continue
+        k, v = randn(2, 2, sk, d, dtype=dtype), randn(2, 2, sk, d, dtype=dtype)
+        sched = Schedule.make("fused_wgmma", groups=g, block_k=128, tma=1, stages=1, q_walk=walk,
+                              **({"trim": 1} if trim else {}))
+        try:
+            check(q, k, v, schedule=sched)
+        except ScheduleError:              # shared memory of D = 160 x 3 warpgroups
+            continue
+        check(q, k, v, scale=-0.2, schedule=sched)
+        check(q, k, v, mask=randn(2, 8, 1000, sk, dtype=dtype), schedule=sched)
+        walked += 1
+    assert walked >= 4, walked
+    k, v = randn(2, 2, 77, d, dtype=dtype), randn(2, 2, 77, d, dtype=dtype)
+    uk, uv = (randn(t.numel() + 1, dtype=dtype)[1:].view(t.shape) for t in (k, v))
+    assert uk.data_ptr() % 16 and uv.data_ptr() % 16
+    sched = Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=4, trim=1)
+    check(q, uk, uv, schedule=sched)
+    for bad, kv_len in ((dict(causal=True), 77), ({}, 200)):
+        k = randn(2, 2, kv_len, d, dtype=dtype)
+        with pytest.raises(ScheduleError, match="q_walk"):
+            jitops.attention(q, k, k, schedule=sched, **bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 128, 256])
 def test_wgmma_trimmed_last_tile(dtype, d):
     """trim=1: the last key tile of Sk % block_k keys runs at that width rounded up to 16 after the loop
@@ -417,6 +457,17 @@ def test_cross_attention_over_short_keys_takes_wgmma(dtype):
         pick = op.heuristic(op.make_problem({"q": TensorSpec(qs, dt), "k": TensorSpec(kvs, dt),
                                              "v": TensorSpec(kvs, dt), "mask": None}, {}), device)
         assert pick.algorithm == "fused_wgmma" and pick["groups"] == 1 and pick["block_k"] == bk, (qs, sk, pick)
+        check(q, k, v)
+    # grids big enough that blocks walk query tiles over the one key tile (q_walk): SDXL cross b8 at 32 x 32,
+    # PixArt's 120 keys at D = 72, BERT b32 S=128
+    for qs, sk, walk in (((16, 10, 1024, 64), 77, 4), ((2, 16, 4096, 72), 120, 8), ((32, 12, 128, 64), 128, 2),
+                         ((16, 10, 4096, 64), 77, 4)):
+        kvs = (*qs[:2], sk, qs[3])
+        q, k, v = randn(*qs, dtype=dtype), randn(*kvs, dtype=dtype), randn(*kvs, dtype=dtype)
+        dt = str(dtype).split(".")[-1]
+        pick = op.heuristic(op.make_problem({"q": TensorSpec(qs, dt), "k": TensorSpec(kvs, dt),
+                                             "v": TensorSpec(kvs, dt), "mask": None}, {}), device)
+        assert pick.algorithm == "fused_wgmma" and pick.get("q_walk") == walk, (qs, sk, pick)
         check(q, k, v)
 
 

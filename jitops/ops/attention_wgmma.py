@@ -28,7 +28,8 @@ b1 S=128 1.4x), and a partial last key tile runs after the loop at its own width
 keys (`_trimmed_key_use`: 1.26-1.61x SDPA), long queries over 64-128 keys (`short_keys`: SD / SDXL
 cross-attention over 77 text tokens, 1.00-1.63x) and 64-255 queries over 1024 keys or more
 (`short_queries`: Whisper's decoder cross-attention, 1.21-1.41x), which ran the producer loop or
-fused_mma before.
+fused_mma before. Calls over one key tile whose grids fill a wave walk 2-8 query tiles per block over
+it, loaded once (`query_walk`, `q_walk`: SDXL cross-attention b8 1.22x, T5 cross 1.15x, PixArt 1.18x).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ from .attention_mma import kv_tensor_map, padded_dim
 from .attention_problem import AttentionProblem
 from .attention_wgmma_fit import fits, shared_bytes, why_not
 from .attention_wgmma_rules import (bounded_exp, causal_head_group, four_groups, four_groups_block_k, grid_blocks,
-                                    plain_resident, plain_tma_tiles, short_keys, short_queries, tail_keys, three_groups,
-                                    tiles_unchecked, tma_tiles, trim_flag)
+                                    plain_resident, plain_tma_tiles, query_walk, short_keys, short_queries, tail_keys,
+                                    three_groups, tiles_unchecked, tma_tiles, trim_flag, walk_resident)
 from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
 
 TEMPLATE = "attention/fused_wgmma.hip.j2"
@@ -52,6 +53,7 @@ GROUPS = (2, 3)
 # the scheduler's pick for head dims whose rows are not whole 32-byte sectors (four_groups).
 PLAIN_GROUPS = (1, 2, 3, 4)
 STAGES = (2, 3)         # 2: no overlap inside a warpgroup; 3: FlashAttention-3's softmax / GEMM overlap
+MAX_WALK = 64           # q_walk: query tiles one block walks over a single key tile (cross-attention)
 RINGS = (2, 3, 4)       # producer=1: K/V buffers between the producer warpgroup and the consumers
 
 
@@ -66,26 +68,33 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
         groups, bk, release = plain
         ring = 2
         bounded = bounded_exp(p)
-        if four_groups(p, device):
+        walk = query_walk(p, device)
+        if walk:
+            groups, bk, release, ring, bounded = 1, 128, False, 1, False
+        elif four_groups(p, device):
             groups, bk, release, ring = 4, four_groups_block_k(p, device), True, 3
         elif three_groups(p, device):
             groups, bk, release, bounded = 3, 128, True, True
         blocks = grid_blocks(p, 64 * groups)
-        smem = shared_bytes(p.d, groups, bk, ring, True)
+        blocks = p.batch * p.heads * ceil_div(ceil_div(p.sq, 64), walk) if walk else blocks
+        smem = shared_bytes(p.d, groups, bk, ring, True, 2 if walk else 1)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroup{'s' if groups > 1 else ''} x 64 query "
-               f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffers of {bk} keys loaded by TMA "
+               f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffer{'s' if ring > 1 else ''} of {bk} keys loaded by TMA "
                f"into the 128-byte swizzle" + (", released per warp on mbarriers" if release else "")
                + (", no running max while the probabilities stay bounded" if bounded else "")
                + f" ({smem // 1024} KiB shared); {blocks} blocks")
         trim = trim_flag(p, bk)
         why += f"; the last key tile at {tail_keys(p, bk)} keys" if trim else ""
-        if short_keys(p):
+        if walk:
+            why += (f"; {p.sq} queries over {p.sk} keys: each block walks {walk} query tiles over the one key tile, "
+                    f"loaded once, the next tile's Q staged while one computes")
+        elif short_keys(p):
             why += f"; {p.sq} queries over {p.sk} keys (cross-attention): one key tile per block, no split"
         elif short_queries(p):
             why += f"; {p.sq} queries over {p.sk} keys: each warpgroup walks every key tile, no split-KV"
         return Schedule.make("fused_wgmma", why=why, groups=groups, block_k=bk, tma=1,
                              **({"stages": ring} if ring != 2 else {}), **({"release": 1} if release else {}),
-                             **({"bounded": 1} if bounded else {}), **trim)
+                             **({"bounded": 1} if bounded else {}), **trim, **({"q_walk": walk} if walk else {}))
     tma = tma_tiles(p, device)
     if tma is None:
         raise ScheduleError(f"attention fused_wgmma: D={p.d} does not fit {device.name}")
@@ -120,9 +129,19 @@ def wgmma_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
         if fits(p.d, 3, 128, device, 2, False, True):
             plain.append(Schedule.make("fused_wgmma", groups=3, block_k=128, tma=1, release=1, bounded=1))
     plain = [Schedule.make("fused_wgmma", **s.as_dict()["params"], **trim_flag(p, int(s["block_k"]))) for s in plain]
+    plain += walk_schedules(p, device)
     specialized = [Schedule.make("fused_wgmma", groups=g, block_k=bk, stages=ring, producer=1, tma=1)
                    for g in GROUPS for bk in BLOCK_KS for ring in RINGS if fits(p.d, g, bk, device, ring, True, True)]
     return specialized + plain
+
+
+def walk_schedules(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
+    """One warpgroup walking 2, 4 or 8 query tiles over the one key tile (q_walk), where a walk applies:
+    not causal, Sk <= 128, more query tiles than the walk."""
+    if p.causal != "none" or p.sk > 128 or not fits(p.d, 1, 128, device, 1, False, True):
+        return []
+    return [Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=w, **trim_flag(p, 128))
+            for w in (2, 4, 8) if w <= ceil_div(p.sq, 64)]
 
 
 def wgmma_shortlist(p: AttentionProblem, device: DeviceInfo, pick: Schedule, n: int) -> list[Schedule]:
@@ -130,6 +149,10 @@ def wgmma_shortlist(p: AttentionProblem, device: DeviceInfo, pick: Schedule, n: 
     loop with the other key-tile size, with release toggled, with the bounded step toggled where it
     applies, and the 3- and 4-warpgroup bounded tiles. There is no rated order among them (the
     scheduler's rules are measured thresholds, not a cost model), so nearest first."""
+    if pick.get("q_walk"):                      # the other walks, then the plain tile without one
+        walks = [s for s in walk_schedules(p, device) if s != pick]
+        plain = Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, **trim_flag(p, 128))
+        return ([pick] + walks + [plain])[:n]
     groups, bk = int(pick["groups"]), int(pick["block_k"])
     flags = {k: int(pick.get(k, 0)) for k in ("release", "bounded")}
     stages = int(pick.get("stages", 2))
@@ -174,19 +197,24 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     release = bool(int(schedule.get("release", 0)))
     bounded = bool(int(schedule.get("bounded", 0)))
     trim = bool(int(schedule.get("trim", 0)))
+    walk = int(schedule.get("q_walk", 0))
     ring = producer or tma       # stages = the ring's buffers (else 2: plain loop, 3: the overlap loop)
     for name, on in (("release", release), ("bounded", bounded), ("trim", trim)):
         if on and (producer or not tma):
             raise ScheduleError(f"attention fused_wgmma: {name}=1 is an option of the plain TMA loop (tma=1, producer=0)")
+    if walk and not (2 <= walk <= MAX_WALK and tma and not producer and p.causal == "none" and p.sk <= bk):
+        raise ScheduleError(f"attention fused_wgmma: q_walk={walk} (query tiles per block over one key tile) needs "
+                            f"2 <= q_walk <= {MAX_WALK}, the plain TMA loop (tma=1, producer=0), no causal masking and "
+                            f"Sk <= block_k (got Sk={p.sk}, block_k={bk}, causal={p.causal!r})")
     allowed = PLAIN_GROUPS if tma and not producer else GROUPS
-    if groups not in allowed or bk not in BLOCK_KS or stages not in (RINGS if ring else STAGES):
+    if groups not in allowed or bk not in BLOCK_KS or stages not in ((1,) if walk else ()) + (RINGS if ring else STAGES):
         raise ScheduleError(f"attention fused_wgmma: groups={groups}, block_k={bk} and stages={stages} must be "
                             f"in {allowed}, {BLOCK_KS} and {RINGS if ring else STAGES}")
-    smem = shared_bytes(p.d, groups, bk, stages, tma)
+    smem = shared_bytes(p.d, groups, bk, stages, tma, 2 if walk else 1)
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
-    q_tiles = ceil_div(p.sq, 64 * groups)
+    q_tiles = ceil_div(p.sq, 64 * groups * (walk or 1))      # per (batch, head): blocks, each walking q_walk tiles
     blocks = p.batch * p.heads * q_tiles
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
@@ -198,7 +226,9 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     # left room for one ran 0.74x): where two fit in shared memory, ask ptxas for registers that fit too.
     # Only where each thread keeps 128 registers (2 warpgroups): three warpgroups at two blocks get 85,
     # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
-    min_blocks = plain_resident(p.d, groups, bk, device, stages) if tma and not producer else 1
+    min_blocks = plain_resident(p.d, groups, bk, device, stages, 2 if walk else 1) if tma and not producer else 1
+    if walk:
+        min_blocks = walk_resident(p, device, groups) if bk == 128 else min_blocks
     group = int(schedule.get("head_group", 0)) or causal_head_group(p, device, blocks, min_blocks)   # explicit: sweeps
     if group < 1:
         raise ScheduleError(f"attention fused_wgmma: head_group={group} must be >= 1")
@@ -207,7 +237,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
               "stages": stages,
               "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
-              "release": release, "bounded": bounded, **trimmed_tail(p, bk, trim)}
+              "release": release, "bounded": bounded, **trimmed_tail(p, bk, trim), **({"q_walk": walk} if walk else {})}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:

@@ -21,12 +21,13 @@ def why_not(p: AttentionProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2, tma: bool = False) -> int:
+def shared_bytes(d: int, groups: int, block_k: int, stages: int = 2, tma: bool = False, q_buffers: int = 1) -> int:
     """Q tile plus `stages` K and V tiles, each DP/8 column chunks of rows * 16 + 64 bytes (and the
     producer's ring barriers, 16 bytes per buffer, in static shared memory). tma: K and V tiles of
-    ceil(DP/64) blocks of rows x 128 bytes (the 128-byte swizzle), 1024-byte aligned (1 KB of slack)."""
+    ceil(DP/64) blocks of rows x 128 bytes (the 128-byte swizzle), 1024-byte aligned (1 KB of slack).
+    q_buffers = 2: the walk over query tiles (q_walk) stages the next Q tile beside the current one."""
     chunks = padded_dim(d) // 8
-    q = chunks * (64 * groups * 16 + 64)
+    q = q_buffers * chunks * (64 * groups * 16 + 64)
     if tma:
         return q + 1024 + 2 * stages * (-(-padded_dim(d) // 64)) * block_k * 128 + 16 * stages
     return q + chunks * 2 * stages * (block_k * 16 + 64) + 16 * stages

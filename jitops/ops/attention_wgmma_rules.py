@@ -20,7 +20,8 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     B=8 H=16 S=2048); 2026-11-25, CLIP ViT-L/14 (S=257) 1.18x (fp16 20.8 vs 24.6 us, bf16 20.3 vs
     24.7: 3 warpgroups pad 257 rows no worse than fused_mma's 128-row tiles) and Gemma D=256 1.16x;
     slower below 256 (BERT S=128 0.77x, ViT S=197 0.81x, the seed 0.73x: one or two key tiles, or
-    rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing).
+    rows mostly padding). Decoding and short cross-attention keep fused_mma (split-KV, packing), except
+    where blocks walk several query tiles over one key tile (`query_walk`).
     With TMA loads (2026-11-25 afternoon) the plain loop's 128 x 128 tiles also win from 128 queries
     and keys where they are not padding (DP <= 64, at least 90% of rows and keys real): BERT-base
     S=128 1.10x (fp16 11.9 vs 13.1 us), the seed B=256 S=128 1.09-1.11x; ViT's 197 keep fused_mma.
@@ -29,7 +30,7 @@ def preferred(p: AttentionProblem, device: DeviceInfo) -> bool:
     (9-14 us, SDPA 20-30), and in graph replay the one-warpgroup tiles (`one_group`) run ViT-B/16 b1
     in 5.3 us against 9.1 on fused_mma (SDPA 7.7), BERT-base b1 S=128 3.8 against 5.5 (SDPA 6.1), D = 256
     at 197 tokens b1 11.0 against 22.2 (SDPA 12.7)."""
-    if (p.sq >= 256 and p.sk >= 256) or short_prefill(p) or short_keys(p) or short_queries(p):
+    if (p.sq >= 256 and p.sk >= 256) or short_prefill(p) or short_keys(p) or short_queries(p) or query_walk(p, device):
         return True
     return (padded_dim(p.d) <= 64 and p.sq >= 128 and p.sk >= 128 and _tile_use(p.sq, 128) >= 0.9
             and _tile_use(p.sk, 128) >= 0.9)
@@ -60,6 +61,39 @@ def short_keys(p: AttentionProblem) -> bool:
     but PixArt's 120 keys at D=72 0.89x with two warpgroups and 0.64x with one)."""
     return (p.sq >= 256 and 64 <= p.sk <= 128 and p.causal == "none" and not p.has_mask
             and padded_dim(p.d) in (64, 160))
+
+
+def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
+    """Query tiles of 64 rows that each block of the plain TMA loop walks over one key tile loaded once
+    (q_walk; 0: none): 64-128 keys (cross-attention over a text encoder's tokens, T5's 128 encoder
+    positions, BERT at S = 128), up to DP = 160, not causal, no mask (measured without). One tile per
+    block leaves these memory-bound calls with one Q load in flight per block life; a walking block
+    stages the next tile's Q while this one computes. The longest walk of 8, 4, 2 whose grid is 4 waves of
+    resident blocks or more (a short tail), else the longest that still fills 90% of a wave (fewer
+    blocks than slots idle SMs; 1-4 waves leave a partial last round of long walks). H100, 2026-11-27 10:06
+    (scripts/device_attention_ab.py --rotate --discard-first, fp16, one warpgroup, walks of 1-16, µs, the
+    pick before -> the walk, SDPA): SDXL cross b8 (16 x 10 x 4096 over 77) 100.7 -> 82.0 (w4; w8 85.6),
+    87.2; SDXL 64 x 64 b2 15.2 -> 13.0 (w2), 14.9; T5 cross (8 x 12 x 512 over 128) 11.4 -> 9.8 (w2), 10.2;
+    BERT-base b32 S=128 12.0 -> 10.5 (w2), 10.3; PixArt-alpha (D = 72 over 120) 35.6 (fused_mma) -> 30.9
+    (w8), 31.1; SD 1.5 D = 40 13.5 (fused_mma) -> 13.1 (w2; 11.5 at w4), 14.4. Grids under a wave lose
+    with it (SDXL 32 x 32 b2: w2 8.4 against 9.3 is the exception; SD 1.5 16 x 16 at D = 160, 32 blocks:
+    7.7 against 5.2), as do walks longer than the grid allows (T5 w4 13.1)."""
+    q_tiles = ceil_div(p.sq, 64)
+    if (p.causal != "none" or p.has_mask or not 64 <= p.sk <= 128 or padded_dim(p.d) > 160 or q_tiles < 2
+            or not fits(p.d, 1, 128, device, 1, False, True)):
+        return 0
+    slots = walk_resident(p, device) * device.multiprocessors
+    walks = [w for w in (8, 4, 2) if w <= q_tiles]
+    waves = {w: p.batch * p.heads * ceil_div(q_tiles, w) / slots for w in walks}
+    return max([w for w in walks if waves[w] >= 4] or [w for w in walks if waves[w] >= 0.9] or [0])
+
+
+def walk_resident(p: AttentionProblem, device: DeviceInfo, groups: int = 1) -> int:
+    """Blocks per SM of a q_walk plan (its min_blocks): as `plain_resident` with two Q buffers and one
+    128-key buffer, at most 3 where a whole 128-key tile at DP <= 64 would otherwise get 128 registers
+    (NVRTC 13.5: the walk then spills 76 bytes, C7512)."""
+    resident = plain_resident(p.d, groups, 128, device, 1, 2)
+    return min(resident, 3) if not tail_keys(p, 128) and padded_dim(p.d) <= 64 else resident
 
 
 def short_queries(p: AttentionProblem) -> bool:
@@ -170,6 +204,8 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     Gemma 1.04-1.06x; 0.99-1.01x without causal masking at D = 64; 0.71x at D = 128 (not taken there)."""
     dp = padded_dim(p.d)
     causal = p.causal != "none"
+    if query_walk(p, device):       # one warpgroup walking query tiles over one 128-key tile
+        return (1, 128, False)
     if dp <= 64:
         # whole 128-key tiles, or from 256 keys (never short_prefill's) ones that the trimmed tile fills
         if _tile_use(p.sk, 128) >= 0.9 or (p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9):
@@ -189,10 +225,10 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     return tiles if tiles and fits(p.d, tiles[0], tiles[1], device, 2, False, True) else None
 
 
-def plain_resident(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2) -> int:
+def plain_resident(d: int, groups: int, block_k: int, device: DeviceInfo, stages: int = 2, q_buffers: int = 1) -> int:
     """Blocks per SM of the plain TMA loop, which its plan asks ptxas for (min_blocks): two where two fit
     in shared memory at 128 registers per thread, one warpgroup as many as shared memory holds, up to 4."""
-    smem = shared_bytes(d, groups, block_k, stages, True)
+    smem = shared_bytes(d, groups, block_k, stages, True, q_buffers)
     if not (2 * (smem + 1024) <= device.shared_per_multiprocessor
             and device.resident_blocks(128 * groups, 0, 128) >= 2):
         return 1
