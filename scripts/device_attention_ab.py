@@ -55,7 +55,12 @@ SHAPES = [("B=8 H=16 S=2048 D=64", (8, 16, 2048, 64), (8, 16, 2048, 64), False),
           ("Llama-2-7B prefill B=4 S=4096 causal", (4, 32, 4096, 128), (4, 32, 4096, 128), True),
           ("CLIP-L/14 b8 S=257", (8, 16, 257, 64), (8, 16, 257, 64), False),
           ("SDXL cross 64x64 (77 keys)", (2, 10, 4096, 64), (2, 10, 77, 64), False),
-          ("Whisper decoder cross b8", (8, 20, 64, 64), (8, 20, 1500, 64), False)]
+          ("Whisper decoder cross b8", (8, 20, 64, 64), (8, 20, 1500, 64), False),
+          ("SDXL cross b8 64x64 (77 keys)", (16, 10, 4096, 64), (16, 10, 77, 64), False),
+          ("SDXL cross b8 32x32 (77 keys)", (16, 20, 1024, 64), (16, 20, 77, 64), False),
+          ("T5 cross (128 keys)", (8, 12, 512, 64), (8, 12, 128, 64), False),
+          ("BERT-base b32 S=128", (32, 12, 128, 64), (32, 12, 128, 64), False),
+          ("PixArt cross D=72 (120 keys)", (2, 16, 4096, 72), (2, 16, 120, 72), False)]
 
 
 def graph_us(fn) -> float:
