@@ -532,6 +532,35 @@ def test_wgmma_blocks_walk_query_tiles_over_one_key_tile():
             op.plan(_hopper_problem(q, kv, causal=causal), s, h100)
 
 
+def test_wgmma_padding_masks():
+    """sm_90 with a mask: a padding mask ([B, 1, 1, Sk]) is a key mask (one load per column in the softmax)
+    and walks query tiles over one key tile like no mask (BERT / T5 from ONNX); masked calls of 128-key
+    tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM); per-row masks are no
+    key masks and do not walk."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.ops.attention_wgmma_rules import key_mask
+    h100 = KNOWN_TARGETS["sm_90"]
+
+    def problem(q, kv, mask_shape, causal=False):
+        specs = {"q": TensorSpec(q, "float16"), "k": TensorSpec(kv, "float16"), "v": TensorSpec(kv, "float16"),
+                 "mask": TensorSpec(mask_shape, "float16")}
+        return op.make_problem(specs, {"causal": causal})
+
+    bert = problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128))
+    assert key_mask(bert) and key_mask(problem((8, 12, 512, 64), (8, 12, 128, 64), (128,)))
+    assert not key_mask(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 12, 128, 128)))
+    assert not key_mask(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 128, 1)))
+    s = op.heuristic(bert, h100)
+    assert s.get("q_walk") == 2, s
+    assert dict(op.plan(bert, s, h100).launches[0].params)["key_mask"] is True
+    for q, m in (((32, 12, 384, 64), (32, 1, 1, 384)), ((32, 12, 128, 64), (32, 12, 128, 128))):
+        p = problem(q, q, m)
+        s = op.heuristic(p, h100)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, 64) and not s.get("q_walk"), (q, m, s)
+        assert ("key_mask" in dict(op.plan(p, s, h100).launches[0].params)) == (m[1:3] == (1, 1))
+    assert not op.heuristic(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128), True), h100).get("q_walk")
+
+
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
     """sm_90: fused_wgmma for prefill of 256 queries and keys or more (fp16/bf16, D a multiple of 8
     up to 256, GQA, causal, masks), from 128 where the tiles are not padding, and for 128-255 queries
@@ -554,8 +583,8 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
         # for these shapes, causal D = 128 (Llama-3 prefill) included
         assert s["tma"] == 1 and "by TMA" in s.why, s
         assert not s.get("producer", 0) and "producer warpgroup" not in s.why, s
-        if q[-1] <= 64:                 # 2 warpgroups, 128-key tiles
-            assert (s["groups"], s["block_k"], s.get("stages", 2)) == (2, 128, 2), s
+        if q[-1] <= 64:                 # 2 warpgroups, 128-key tiles; 64 with a mask (128 would spill)
+            assert (s["groups"], s["block_k"], s.get("stages", 2)) == (2, 64 if mask else 128, 2), s
         else:
             assert (s["groups"], s["block_k"], s.get("stages", 2)) == (2, 64, 2), s
         # buffers released per warp (no block barrier per tile): causal up to D = 64 and D = 256

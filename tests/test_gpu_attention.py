@@ -345,6 +345,43 @@ def test_wgmma_tma_loads(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_padding_mask(dtype, d):
+    """fused_wgmma with a padding mask ([B, 1, 1, Sk], one additive value per key: the key_mask loads),
+    -inf on each batch's padded keys and random values on the rest, against float64: the scheduler's
+    pick, 1-3 warpgroups, 64- and 128-key tiles, a walk over one key tile, causal, GQA, partial tiles."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    from jitops.errors import ScheduleError
+    from jitops.ops.base import Schedule
+
+    def padding_mask(batch, sk):
+        mask = randn(batch, 1, 1, sk, dtype=dtype)
+        lengths = torch.tensor([sk, sk // 2 + 3][:batch], device="cuda")
+        return mask.masked_fill(torch.arange(sk, device="cuda").view(1, 1, 1, sk) >= lengths.view(-1, 1, 1, 1),
+                                float("-inf"))
+
+    q = randn(2, 8, 300, d, dtype=dtype)
+    k, v = randn(2, 2, 260, d, dtype=dtype), randn(2, 2, 260, d, dtype=dtype)
+    mask = padding_mask(2, 260)
+    scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra)
+                       for g, bk, extra in ((2, 128, {}), (2, 64, {}), (1, 128, {}), (3, 128, {"release": 1}),
+                                            (2, 64, {"stages": 3, "producer": 1}))]
+    ran = 0
+    for sched in scheds:
+        try:
+            check(q, k, v, mask=mask, schedule=sched)
+        except ScheduleError:              # a tile that does not fit D = 128
+            continue
+        check(q, k, v, mask=mask, causal=True, schedule=sched)
+        ran += 1
+    assert ran >= 4, ran
+    short_k, short_v, short_mask = k[:, :, :100], v[:, :, :100], padding_mask(2, 100)
+    for sched in (None, Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=3, trim=1)):
+        check(q, short_k, short_v, mask=short_mask, schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 160])
 def test_wgmma_query_walk_over_one_key_tile(dtype, d):
     """fused_wgmma blocks that walk several query tiles over one key tile loaded once (q_walk, the

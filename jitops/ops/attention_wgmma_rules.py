@@ -63,10 +63,22 @@ def short_keys(p: AttentionProblem) -> bool:
             and padded_dim(p.d) in (64, 160))
 
 
+def key_mask(p: AttentionProblem) -> bool:
+    """A padding mask: one additive value per key, broadcast over the query rows ([B, 1, 1, Sk], as ONNX
+    exports of BERT / T5 pass it). The softmax then loads each column's value once for both of a thread's
+    rows instead of one load (and a 64-bit index) per score (template key_mask): H100, 2026-11-27 10:40,
+    BERT-base b32 S=128 with a padding mask 25.9 -> 21.4 us on the same tile
+    (scripts/device_attention_padding_mask.py)."""
+    if not p.has_mask:
+        return False
+    _, _, row_stride, key_stride = p.mask_strides()
+    return row_stride == 0 and key_stride == 1
+
+
 def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
     """Query tiles of 64 rows that each block of the plain TMA loop walks over one key tile loaded once
     (q_walk; 0: none): 64-128 keys (cross-attention over a text encoder's tokens, T5's 128 encoder
-    positions, BERT at S = 128), up to DP = 160, not causal, no mask (measured without). One tile per
+    positions, BERT at S = 128), up to DP = 160, not causal, no mask or a padding mask (`key_mask`). One tile per
     block leaves these memory-bound calls with one Q load in flight per block life; a walking block
     stages the next tile's Q while this one computes. The longest walk of 8, 4, 2 whose grid is 4 waves of
     resident blocks or more (a short tail), else the longest that still fills 90% of a wave (fewer
@@ -77,10 +89,13 @@ def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
     BERT-base b32 S=128 12.0 -> 10.5 (w2), 10.3; PixArt-alpha (D = 72 over 120) 35.6 (fused_mma) -> 30.9
     (w8), 31.1; SD 1.5 D = 40 13.5 (fused_mma) -> 13.1 (w2; 11.5 at w4), 14.4. Grids under a wave lose
     with it (SDXL 32 x 32 b2: w2 8.4 against 9.3 is the exception; SD 1.5 16 x 16 at D = 160, 32 blocks:
-    7.7 against 5.2), as do walks longer than the grid allows (T5 w4 13.1)."""
+    7.7 against 5.2), as do walks longer than the grid allows (T5 w4 13.1). With a padding mask
+    (10:40, scripts/device_attention_padding_mask.py, the pick of the time -> the walk, SDPA with the mask):
+    BERT-base b32 S=128 21.4 -> 11.9 (14.3), T5 cross 20.1 -> 10.6 (13.9), 16 x 10 x 4096 over 77 keys
+    169.4 (fused_mma) -> 91.9 (w4; SDPA 265.0); other masks (per query row) are not measured."""
     q_tiles = ceil_div(p.sq, 64)
-    if (p.causal != "none" or p.has_mask or not 64 <= p.sk <= 128 or padded_dim(p.d) > 160 or q_tiles < 2
-            or not fits(p.d, 1, 128, device, 1, False, True)):
+    if (p.causal != "none" or (p.has_mask and not key_mask(p)) or not 64 <= p.sk <= 128 or padded_dim(p.d) > 160
+            or q_tiles < 2 or not fits(p.d, 1, 128, device, 1, False, True)):
         return 0
     slots = walk_resident(p, device) * device.multiprocessors
     walks = [w for w in (8, 4, 2) if w <= q_tiles]
@@ -209,7 +224,10 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
     if dp <= 64:
         # whole 128-key tiles, or from 256 keys (never short_prefill's) ones that the trimmed tile fills
         if _tile_use(p.sk, 128) >= 0.9 or (p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9):
-            tiles = (1 if one_group(p, 128, device) else 2, 128, causal)
+            # with a mask, 128-key tiles at 128 registers (two blocks per SM) spill (NVRTC 13.5: 276-316
+            # bytes, wgmma serialized, C7512): 64-key tiles. H100, 2026-11-27 10:40, padding masks: BERT-base
+            # b32 S=384 106.6 -> 80.3 us, BERT-large b16 S=512 110.1 -> 83.0, b64 S=128 39.6 -> 32.0
+            tiles = (1 if one_group(p, 128, device) else 2, 64 if p.has_mask else 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if grid_blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
         elif short_keys(p) or short_queries(p):
