@@ -2,7 +2,7 @@
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
 with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257; 77 keys of cross-attention);
-blocks walking several query tiles over one key tile (q_walk).
+blocks walking several query tiles over one key tile (q_walk); padding masks (key_mask).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -45,7 +45,6 @@ for d in (64, 128):                  # 64 queries over 1030 keys (Whisper's deco
     out = jitops.attention(q, k, v)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-print("sanitize cases done")
 for g, sk, extra in ((1, 77, {"trim": 1}), (1, 128, {}), (2, 77, {"trim": 1})):   # q_walk: query tiles over one key tile
     q = torch.randn(1, 4, 500, 64, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(1, 2, sk, 64, device="cuda", dtype=torch.float16) for _ in range(2))
@@ -53,3 +52,13 @@ for g, sk, extra in ((1, 77, {"trim": 1}), (1, 128, {}), (2, 77, {"trim": 1})): 
                                                            q_walk=3, **extra))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+for g, bk, sk in ((2, 64, 300), (1, 128, 100)):                  # padding masks ([B, 1, 1, Sk]: key_mask loads)
+    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 2, sk, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    mask = torch.zeros(2, 1, 1, sk, device="cuda", dtype=torch.float16)
+    mask[1, ..., sk // 2:] = float("-inf")
+    extra = {"stages": 1, "q_walk": 2, "trim": 1} if sk <= bk else {}
+    out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+print("sanitize cases done")

@@ -559,6 +559,17 @@ def test_wgmma_padding_masks():
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, 64) and not s.get("q_walk"), (q, m, s)
         assert ("key_mask" in dict(op.plan(p, s, h100).launches[0].params)) == (m[1:3] == (1, 1))
     assert not op.heuristic(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128), True), h100).get("q_walk")
+    # the masked picks at DP <= 64 compile without spills (128-key tiles spilled 276-316 bytes, C7512)
+    if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
+        from jitops import engine
+        from jitops.runtime import get_backend
+        backend = get_backend(target="sm_90")
+        for m in ((32, 1, 1, 384), (32, 12, 384, 384)):
+            p = problem((32, 12, 384, 64), (32, 12, 384, 64), m)
+            launch = op.plan(p, op.heuristic(p, backend.device), backend.device).launches[0]
+            _, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
+                                b"-default-device", b"--ptxas-options=-v")
+            assert "0 bytes spill stores" in text and "C7512" not in text, (m, text)
 
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
