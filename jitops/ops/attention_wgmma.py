@@ -31,7 +31,7 @@ cross-attention over 77 text tokens, 1.00-1.63x) and 64-255 queries over 1024 ke
 fused_mma before. Calls over one key tile whose grids fill a wave walk 2-8 query tiles per block over
 it, loaded once (`query_walk`, `q_walk`: SDXL cross-attention b8 1.22x, T5 cross 1.15x, PixArt 1.18x).
 Padding masks ([B, 1, 1, Sk]) load one value per column (`key_mask`), and masked 128-key tiles at DP <= 64
-take 64 keys (128 spilled): BERT / T5 with padding masks 1.26-2.18x faster.
+take 64 keys (128 spilled): BERT / T5 with padding masks 1.33-2.18x faster.
 """
 from __future__ import annotations
 
