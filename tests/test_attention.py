@@ -433,6 +433,14 @@ def test_sm80_kernel_uses_mma_sync_and_ldmatrix():
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
+def _sm90a_ptxas(launch):
+    """(PTX, ptxas report) of one launch's kernel compiled offline for sm_90a with NVRTC."""
+    from jitops import engine
+    from jitops.runtime import get_backend
+    source = engine.kernel_source(get_backend(target="sm_90").device, launch)
+    return nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
+
+
 def _hopper_problem(q, kv, dtype="float16", causal=False, mask=False):
     specs = {"q": TensorSpec(q, dtype), "k": TensorSpec(kv, dtype), "v": TensorSpec(kv, dtype),
              "mask": TensorSpec((q[-2], kv[-2]), "float32") if mask else None}
@@ -512,14 +520,9 @@ def test_wgmma_blocks_walk_query_tiles_over_one_key_tile():
     # the walk's kernels compile offline for sm_90a without spills: a trimmed 80-key tile (4 blocks per SM)
     # and a whole 128-key tile (3 per SM: at 4, 128 registers, ptxas spills)
     if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
-        from jitops import engine
-        from jitops.runtime import get_backend
-        backend = get_backend(target="sm_90")
         for q, kv, n in (((16, 10, 4096, 64), (16, 10, 77, 64), 80), ((8, 12, 512, 64), (8, 12, 128, 64), 128)):
             p = _hopper_problem(q, kv)
-            launch = op.plan(p, op.heuristic(p, backend.device), backend.device).launches[0]
-            ptx, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
-                                  b"-default-device", b"--ptxas-options=-v")
+            ptx, text = _sm90a_ptxas(op.plan(p, op.heuristic(p, h100), h100).launches[0])
             assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in ptx and "cp.async.bulk.tensor" in ptx
             assert "0 bytes spill stores" in text and "C7512" not in text and "C7519" not in text, text
     walk = Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=4)
@@ -561,14 +564,9 @@ def test_wgmma_padding_masks():
     assert not op.heuristic(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128), True), h100).get("q_walk")
     # the masked picks at DP <= 64 compile without spills (128-key tiles spilled 276-316 bytes, C7512)
     if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
-        from jitops import engine
-        from jitops.runtime import get_backend
-        backend = get_backend(target="sm_90")
         for m in ((32, 1, 1, 384), (32, 12, 384, 384)):
             p = problem((32, 12, 384, 64), (32, 12, 384, 64), m)
-            launch = op.plan(p, op.heuristic(p, backend.device), backend.device).launches[0]
-            _, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
-                                b"-default-device", b"--ptxas-options=-v")
+            _, text = _sm90a_ptxas(op.plan(p, op.heuristic(p, h100), h100).launches[0])
             assert "0 bytes spill stores" in text and "C7512" not in text, (m, text)
 
 
@@ -824,7 +822,6 @@ def test_plain_tma_loop_asks_for_two_blocks_only_where_registers_allow():
     """The plain TMA loop asks ptxas for two blocks per SM (its speed comes from that) with 2
     warpgroups; with 3 that would leave 85 registers and ptxas refuses the kernel, so it asks for one.
     Both compile offline for sm_90a without spills."""
-    from jitops import engine
     from jitops.runtime import get_backend
     backend = get_backend(target="sm_90")
     p = _hopper_problem((1, 2, 300, 64), (1, 2, 500, 64), "float16", causal=True)
@@ -834,8 +831,7 @@ def test_plain_tma_loop_asks_for_two_blocks_only_where_registers_allow():
         assert dict(launch.params)["min_blocks"] == want, (groups, dict(launch.params)["min_blocks"])
         if groups == 3:
             pytest.importorskip("cuda.bindings.nvrtc")
-            ptx, text = nvrtc_ptx(engine.kernel_source(backend.device, launch), b"-arch=sm_90a", b"-std=c++17",
-                                  b"-default-device", b"--ptxas-options=-v")
+            ptx, text = _sm90a_ptxas(launch)
             assert "0 bytes spill stores" in text and "C7512" not in text, text
 
 
@@ -843,14 +839,12 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     """Both loops of fused_wgmma compile offline (NVRTC, sm_90a) to wgmma with no local memory; the
     warpgroup-specialised PTX has the register-A form with a transposed B."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    from jitops import engine
     from jitops.runtime import get_backend
     backend = get_backend(target="sm_90")
     p = _hopper_problem((1, 4, 300, 72), (1, 2, 200, 72), "bfloat16", causal=True)
     for sched in (Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3),
                   Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1)):
-        source = engine.kernel_source(backend.device, op.plan(p, sched, backend.device).launches[0])
-        ptx, text = nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
+        ptx, text = _sm90a_ptxas(op.plan(p, sched, backend.device).launches[0])
         assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
         assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in ptx     # P V: D=72 padded to 80
         assert "0 bytes spill stores" in text and "C7519" not in text, text
@@ -862,8 +856,7 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills():
     dit = _hopper_problem((4, 16, 1024, 72), (4, 16, 1024, 72), "bfloat16")
     pick = op.heuristic(dit, backend.device)
     assert (pick["groups"], pick.get("bounded", 0)) == (4, 1), pick
-    source = engine.kernel_source(backend.device, op.plan(dit, pick, backend.device).launches[0])
-    ptx, text = nvrtc_ptx(source, b"-arch=sm_90a", b"-std=c++17", b"-default-device", b"--ptxas-options=-v")
+    ptx, text = _sm90a_ptxas(op.plan(dit, pick, backend.device).launches[0])
     assert "bar.red.or.pred" in ptx and "cp.async.bulk.tensor" in ptx
     assert "0 bytes spill stores" in text and "C7519" not in text and "C7512" not in text, text
 

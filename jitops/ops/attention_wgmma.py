@@ -77,8 +77,7 @@ def wgmma_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
             groups, bk, release, ring = 4, four_groups_block_k(p, device), True, 3
         elif three_groups(p, device):
             groups, bk, release, bounded = 3, 128, True, True
-        blocks = grid_blocks(p, 64 * groups)
-        blocks = p.batch * p.heads * ceil_div(ceil_div(p.sq, 64), walk) if walk else blocks
+        blocks = grid_blocks(p, 64 * groups, walk or 1)
         smem = shared_bytes(p.d, groups, bk, ring, True, 2 if walk else 1)
         why = (f"{p.dtype} on Hopper warpgroup MMA (sm_90a), D={p.d} padded to {dp}: {groups} warpgroup{'s' if groups > 1 else ''} x 64 query "
                f"rows, S = QK^T and O += PV by wgmma (P from registers), {ring} K/V buffer{'s' if ring > 1 else ''} of {bk} keys loaded by TMA "
@@ -216,8 +215,8 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     if smem > device.shared_per_block_optin:
         raise ScheduleError(f"attention fused_wgmma: {smem} bytes of shared memory exceed "
                             f"{device.shared_per_block_optin} on {device.name}")
-    q_tiles = ceil_div(p.sq, 64 * groups * (walk or 1))      # per (batch, head): blocks, each walking q_walk tiles
-    blocks = p.batch * p.heads * q_tiles
+    blocks = grid_blocks(p, 64 * groups, walk or 1)
+    q_tiles = blocks // (p.batch * p.heads)      # per (batch, head): blocks, each walking q_walk tiles
     if blocks > 2**31 - 1:
         raise ScheduleError(f"attention fused_wgmma: {blocks} blocks exceed the grid limit")
     threads = 128 * (groups + producer)       # producer=1: one more warpgroup that only copies K/V
@@ -228,9 +227,10 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
     # left room for one ran 0.74x): where two fit in shared memory, ask ptxas for registers that fit too.
     # Only where each thread keeps 128 registers (2 warpgroups): three warpgroups at two blocks get 85,
     # and ptxas then refuses the wgmma accumulators (H100, 2026-11-25: compile error, not a spill).
-    min_blocks = plain_resident(p.d, groups, bk, device, stages, 2 if walk else 1) if tma and not producer else 1
     if walk:
-        min_blocks = walk_resident(p, device, groups) if bk == 128 else min_blocks
+        min_blocks = walk_resident(p, device, groups, bk, stages)
+    else:
+        min_blocks = plain_resident(p.d, groups, bk, device, stages) if tma and not producer else 1
     group = int(schedule.get("head_group", 0)) or causal_head_group(p, device, blocks, min_blocks)   # explicit: sweeps
     if group < 1:
         raise ScheduleError(f"attention fused_wgmma: head_group={group} must be >= 1")

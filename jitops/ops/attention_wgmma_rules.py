@@ -99,16 +99,17 @@ def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
         return 0
     slots = walk_resident(p, device) * device.multiprocessors
     walks = [w for w in (8, 4, 2) if w <= q_tiles]
-    waves = {w: p.batch * p.heads * ceil_div(q_tiles, w) / slots for w in walks}
+    waves = {w: grid_blocks(p, 64, w) / slots for w in walks}
     return max([w for w in walks if waves[w] >= 4] or [w for w in walks if waves[w] >= 0.9] or [0])
 
 
-def walk_resident(p: AttentionProblem, device: DeviceInfo, groups: int = 1) -> int:
-    """Blocks per SM of a q_walk plan (its min_blocks): as `plain_resident` with two Q buffers and one
-    128-key buffer, at most 3 where a whole 128-key tile at DP <= 64 would otherwise get 128 registers
-    (NVRTC 13.5: the walk then spills 76 bytes, C7512)."""
-    resident = plain_resident(p.d, groups, 128, device, 1, 2)
-    return min(resident, 3) if not tail_keys(p, 128) and padded_dim(p.d) <= 64 else resident
+def walk_resident(p: AttentionProblem, device: DeviceInfo, groups: int = 1, block_k: int = 128, stages: int = 1) -> int:
+    """Blocks per SM of a q_walk plan (its min_blocks): as `plain_resident` with two Q buffers, at most 3
+    where a whole 128-key tile at DP <= 64 would otherwise get 128 registers (NVRTC 13.5: the walk then
+    spills 76 bytes, C7512)."""
+    resident = plain_resident(p.d, groups, block_k, device, stages, 2)
+    whole_128 = block_k == 128 and not tail_keys(p, 128) and padded_dim(p.d) <= 64
+    return min(resident, 3) if whole_128 else resident
 
 
 def short_queries(p: AttentionProblem) -> bool:
@@ -141,9 +142,10 @@ def _tile_use(n: int, tile: int) -> float:
     return n / (ceil_div(n, tile) * tile)
 
 
-def grid_blocks(p: AttentionProblem, rows: int) -> int:
-    """The grid of blocks of `rows` query rows each: one per query tile of every (batch, head)."""
-    return p.batch * p.heads * ceil_div(p.sq, rows)
+def grid_blocks(p: AttentionProblem, rows: int, walk: int = 1) -> int:
+    """The grid of blocks of `rows` query rows each: one per query tile of every (batch, head), or per
+    `walk` consecutive ones where blocks walk several (q_walk)."""
+    return p.batch * p.heads * ceil_div(ceil_div(p.sq, rows), walk)
 
 
 def _occupancy(p: AttentionProblem, groups: int, device: DeviceInfo) -> float:
