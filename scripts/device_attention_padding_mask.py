@@ -4,7 +4,10 @@ tile (q_walk, which the scheduler takes only without a mask), and SDPA with the 
 against float64 on the first two heads of batch 0 into a NaN-filled output, then timed (graph replay, each
 entry first in one pass).
 
-    python3 scripts/device_attention_padding_mask.py [--out DIR]
+    python3 scripts/device_attention_padding_mask.py [--out DIR] [--finfo-min] [--pick-only]
+
+--finfo-min pads with the dtype's lowest finite value instead of -inf (Hugging Face exports); --pick-only
+times the scheduler's pick and SDPA alone (A/B of two trees in separate processes).
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from jitops.ops.base import Schedule, TensorSpec  # noqa: E402
 
 SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), 128), ("BERT-base b64 S=128", (64, 12, 128, 64), 128),
           ("BERT-base b32 S=384", (32, 12, 384, 64), 384), ("BERT-large b16 S=512", (16, 16, 512, 64), 512),
-          ("T5 cross b8 (512 over 128)", (8, 12, 512, 64), 128), ("SDXL-like b8 (4096 over 77)", (16, 10, 4096, 64), 77)]
+          ("T5 cross b8 (512 over 128)", (8, 12, 512, 64), 128), ("SDXL-like b8 (4096 over 77)", (16, 10, 4096, 64), 77),
+          ("BERT-base b8 S=384", (8, 12, 384, 64), 384), ("D=96 b8 H=16 S=1024", (8, 16, 1024, 96), 1024),
+          ("D=128 b8 H=16 S=1024", (8, 16, 1024, 128), 1024)]
 
 
 def reference(q, k, v, mask):
@@ -39,7 +44,11 @@ def reference(q, k, v, mask):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--finfo-min", action="store_true", help="pad with the dtype's lowest finite value, not -inf")
+    ap.add_argument("--pick-only", action="store_true", help="time the pick and SDPA only")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args()
+    pad = torch.finfo(torch.float16).min if args.finfo_min else float("-inf")
     op = get_op("attention")
     device = jitops.get_backend().device
     rows, bad = [], 0
@@ -49,17 +58,19 @@ def main() -> int:
         q, k, v = (torch.randn(s, device="cuda", dtype=torch.float16, generator=g) for s in (qs, kvs, kvs))
         lengths = torch.randint(sk // 2, sk + 1, (qs[0],), device="cuda", generator=g)     # real keys per batch
         mask = torch.zeros(qs[0], 1, 1, sk, device="cuda", dtype=torch.float16)
-        mask = mask.masked_fill(torch.arange(sk, device="cuda").view(1, 1, 1, sk) >= lengths.view(-1, 1, 1, 1), float("-inf"))
+        mask = mask.masked_fill(torch.arange(sk, device="cuda").view(1, 1, 1, sk) >= lengths.view(-1, 1, 1, 1), pad)
         spec = {"q": TensorSpec(qs, "float16"), "k": TensorSpec(kvs, "float16"), "v": TensorSpec(kvs, "float16"),
                 "mask": TensorSpec(tuple(mask.shape), "float16")}
         pick = op.heuristic(op.make_problem(spec, {}), device)
         tiles = [("g2k64", Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1)),
                  ("g1k128", Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1)),
                  ("g2k128", Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1))]
-        scheds = [("pick", pick)] + [t for t in tiles if t[1] != pick] + [
+        tiles += [(f"g{g}k{bk}b", Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, bounded=1))
+                  for g, bk in ((2, 64), (2, 128), (1, 128))]
+        scheds = [("pick", pick)] + ([] if args.pick_only else [t for t in tiles if t[1] != pick] + [
             (f"walk{w}", Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=w,
                                        **({"trim": 1} if sk % 128 else {})))
-            for w in (2, 4, 8) if w <= -(-qs[2] // 64)]
+            for w in (2, 4, 8) if w <= -(-qs[2] // 64)])
         ref = reference(q, k, v, mask)
         calls, row = [], {"shape": name, "pick": str(pick)}
         for label, sched in scheds:
@@ -85,7 +96,7 @@ def main() -> int:
         rows.append(row)
         print(f"{name:30} " + "  ".join(f"{lab} {us:7.1f}" for lab, us in row["us"].items())
               + f"   pick {row['pick']}", flush=True)
-    with open(os.path.join(args.out, "attention_padding_mask.json"), "w") as f:
+    with open(os.path.join(args.out, f"attention_padding_mask{args.tag}.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 1 if bad else 0
 

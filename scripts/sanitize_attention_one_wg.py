@@ -52,12 +52,14 @@ for g, sk, extra in ((1, 77, {"trim": 1}), (1, 128, {}), (2, 77, {"trim": 1})): 
                                                            q_walk=3, **extra))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-for g, bk, sk in ((2, 64, 300), (1, 128, 100)):                  # padding masks ([B, 1, 1, Sk]: key_mask loads)
-    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)
+for g, bk, sk, bounded in ((2, 64, 300, 0), (1, 128, 100, 0), (2, 64, 300, 1), (2, 128, 300, 1)):   # padding masks
+    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)          # ([B, 1, 1, Sk]: key_mask loads)
     k, v = (torch.randn(2, 2, sk, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     mask = torch.zeros(2, 1, 1, sk, device="cuda", dtype=torch.float16)
     mask[1, ..., sk // 2:] = float("-inf")
-    extra = {"stages": 1, "q_walk": 2, "trim": 1} if sk <= bk else {}
+    if sk > 200:
+        mask[0, ..., 200] = 30.0                   # past the first tile: the bounded step runs S again
+    extra = {"stages": 1, "q_walk": 2, "trim": 1} if sk <= bk else {"bounded": 1, "release": 1} if bounded else {}
     out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()

@@ -538,8 +538,9 @@ def test_wgmma_blocks_walk_query_tiles_over_one_key_tile():
 def test_wgmma_padding_masks():
     """sm_90 with a mask: a padding mask ([B, 1, 1, Sk]) is a key mask (one load per column in the softmax)
     and walks query tiles over one key tile like no mask (BERT / T5 from ONNX); masked calls of 128-key
-    tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM); per-row masks are no
-    key masks and do not walk."""
+    tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM); key masks take the fast
+    softmax on tiles inside the bounds and, up to DP = 64, the bounded step; per-row masks are no key
+    masks, do not walk and check every tile."""
     from jitops.device import KNOWN_TARGETS
     from jitops.ops.attention_wgmma_rules import key_mask
     h100 = KNOWN_TARGETS["sm_90"]
@@ -559,15 +560,19 @@ def test_wgmma_padding_masks():
     for q, m in (((32, 12, 384, 64), (32, 1, 1, 384)), ((32, 12, 128, 64), (32, 12, 128, 128))):
         p = problem(q, q, m)
         s = op.heuristic(p, h100)
-        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, 64) and not s.get("q_walk"), (q, m, s)
+        keys = 128 if m[1:3] == (1, 1) else 64                # padding masks on the bounded step fit 128 keys
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, keys) and not s.get("q_walk"), (q, m, s)
         assert ("key_mask" in dict(op.plan(p, s, h100).launches[0].params)) == (m[1:3] == (1, 1))
+        assert bool(s.get("bounded")) == (m[1:3] == (1, 1)), (m, s)
+    wide = problem((8, 16, 1024, 128), (8, 16, 1024, 128), (8, 1, 1, 1024))
+    assert not op.heuristic(wide, h100).get("bounded")       # DP > 112: causal would spill
+    assert op.heuristic(problem((8, 16, 1024, 96), (8, 16, 1024, 96), (8, 1, 1, 1024)), h100).get("bounded")
     assert not op.heuristic(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128), True), h100).get("q_walk")
     # the masked picks at DP <= 64 compile without spills (128-key tiles spilled 276-316 bytes, C7512)
     if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
-        for m in ((32, 1, 1, 384), (32, 12, 384, 384)):
-            p = problem((32, 12, 384, 64), (32, 12, 384, 64), m)
+        for p in [problem((32, 12, 384, 64), (32, 12, 384, 64), m) for m in ((32, 1, 1, 384), (32, 12, 384, 384))] + [wide]:
             _, text = _sm90a_ptxas(op.plan(p, op.heuristic(p, h100), h100).launches[0])
-            assert "0 bytes spill stores" in text and "C7512" not in text, (m, text)
+            assert "0 bytes spill stores" in text and "C7512" not in text, (p, text)
 
 
 def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():

@@ -349,7 +349,9 @@ def test_wgmma_tma_loads(dtype, d):
 def test_wgmma_padding_mask(dtype, d):
     """fused_wgmma with a padding mask ([B, 1, 1, Sk], one additive value per key: the key_mask loads),
     -inf on each batch's padded keys and random values on the rest, against float64: the scheduler's
-    pick, 1-3 warpgroups, 64- and 128-key tiles, a walk over one key tile, causal, GQA, partial tiles."""
+    pick, 1-3 warpgroups, 64- and 128-key tiles, the bounded step, the overlap loop, a walk over one key
+    tile, causal, GQA, partial tiles. Then padding at the dtype's lowest finite value (HF exports) with a
+    key 30 units above the rest past the first tile, where the bounded step must run S again."""
     if not hopper():
         pytest.skip("fused_wgmma needs an sm_90 device")
     from jitops.errors import ScheduleError
@@ -364,9 +366,12 @@ def test_wgmma_padding_mask(dtype, d):
     q = randn(2, 8, 300, d, dtype=dtype)
     k, v = randn(2, 2, 260, d, dtype=dtype), randn(2, 2, 260, d, dtype=dtype)
     mask = padding_mask(2, 260)
-    scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra)
+    jump = mask.masked_fill(mask == float("-inf"), torch.finfo(dtype).min)
+    jump[0, 0, 0, 200] = 30.0
+    scheds = [None] + [Schedule.make("fused_wgmma", groups=g, block_k=bk, **{"tma": 1, **extra})
                        for g, bk, extra in ((2, 128, {}), (2, 64, {}), (1, 128, {}), (3, 128, {"release": 1}),
-                                            (2, 64, {"stages": 3, "producer": 1}))]
+                                            (2, 64, {"bounded": 1}), (2, 128, {"bounded": 1, "release": 1}),
+                                            (2, 64, {"stages": 3, "producer": 1}), (2, 64, {"stages": 3, "tma": 0}))]
     ran = 0
     for sched in scheds:
         try:
@@ -374,9 +379,10 @@ def test_wgmma_padding_mask(dtype, d):
         except ScheduleError:              # a tile that does not fit D = 128
             continue
         check(q, k, v, mask=mask, causal=True, schedule=sched)
+        check(q, k, v, mask=jump, schedule=sched)
         ran += 1
-    assert ran >= 4, ran
-    short_k, short_v, short_mask = k[:, :, :100], v[:, :, :100], padding_mask(2, 100)
+    assert ran >= 6, ran
+    short_k, short_v, short_mask = k[:, :, :100].contiguous(), v[:, :, :100].contiguous(), padding_mask(2, 100)
     for sched in (None, Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=3, trim=1)):
         check(q, short_k, short_v, mask=short_mask, schedule=sched)
 

@@ -178,6 +178,13 @@ def tiles_unchecked(p: AttentionProblem) -> bool:
     return not p.has_mask and p.scale > 0
 
 
+def tiles_fast(p: AttentionProblem) -> bool:
+    """Whether key tiles inside the bounds take the fast softmax step (the template's checked_always is
+    the opposite): no mask, or a padding mask (`key_mask`: its one value per column is added by an FFMA
+    with the scale), and a positive scale. The rules measured without masks keep `tiles_unchecked`."""
+    return p.scale > 0 and (not p.has_mask or key_mask(p))
+
+
 def bounded_exp(p: AttentionProblem) -> bool:
     """Whether the plain TMA loop skips the running max on key tiles after the first (bounded=1:
     probabilities against the max as it stands while every row sum of a thread stays <= 2^15; else S
@@ -188,9 +195,13 @@ def bounded_exp(p: AttentionProblem) -> bool:
     and causal D = 128 1.00-1.03x; without causal masking at DP = 128 0.95-0.99x, so not there (nor
     above 128 without it: not measured; at DP = 128 `three_groups` takes it with 128-key tiles). A third
     run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
-    Masks and negative scales check every tile, so it would never apply."""
+    Padding masks (`key_mask`) take it too up to DP = 112, adding the column's value inside the exponent
+    (causal DP = 128 would spill 84 bytes against 44 without it: NVRTC 13.5 offline); other masks and
+    negative scales check every tile, so it would never apply."""
     dp = padded_dim(p.d)
-    return tiles_unchecked(p) and (dp <= 112 or p.causal != "none")
+    if p.has_mask and dp > 112:
+        return False
+    return tiles_fast(p) and (dp <= 112 or p.causal != "none")
 
 
 def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, bool] | None:
@@ -228,8 +239,10 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
         if _tile_use(p.sk, 128) >= 0.9 or (p.sk >= 256 and _trimmed_key_use(p, 128) >= 0.9):
             # with a mask, 128-key tiles at 128 registers (two blocks per SM) spill (NVRTC 13.5: 276-316
             # bytes, wgmma serialized, C7512): 64-key tiles. H100, 2026-11-27 10:40, padding masks: BERT-base
-            # b32 S=384 106.6 -> 80.3 us, BERT-large b16 S=512 110.1 -> 83.0, b64 S=128 39.6 -> 32.0
-            tiles = (1 if one_group(p, 128, device) else 2, 64 if p.has_mask else 128, causal)
+            # b32 S=384 106.6 -> 80.3 us, BERT-large b16 S=512 110.1 -> 83.0, b64 S=128 39.6 -> 32.0. Padding
+            # masks on the bounded step fit (0 bytes) and take the unmasked tiles.
+            spills = p.has_mask and not bounded_exp(p)
+            tiles = (1 if one_group(p, 128, device) else 2, 64 if spills else 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if grid_blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
         elif short_keys(p) or short_queries(p):
@@ -265,7 +278,7 @@ def one_group(p: AttentionProblem, block_k: int, device: DeviceInfo) -> bool:
     b32 S=128 (2 each) 11.9-12.0 against 12.0-12.3; 160 queries at D = 128 b1 6.6-6.8 against 8.6-8.7. Where
     one warpgroup takes more waves it loses: Whisper's encoder (1 x 20 x 1500 x 64; 2 waves against 1)
     40.3-41.1 against 30.0-30.2, BERT-large b16 S=512 and BERT-base b32 S=384 (6 against 4-5) 0.96-0.98x."""
-    if p.causal != "none" or not tiles_unchecked(p):
+    if p.causal != "none" or not tiles_fast(p):
         return False
 
     def waves(groups: int) -> int:
