@@ -4,10 +4,11 @@ tile (q_walk, which the scheduler takes only without a mask), and SDPA with the 
 against float64 on the first two heads of batch 0 into a NaN-filled output, then timed (graph replay, each
 entry first in one pass).
 
-    python3 scripts/device_attention_padding_mask.py [--out DIR] [--finfo-min] [--pick-only]
+    python3 scripts/device_attention_padding_mask.py [--out DIR] [--finfo-min] [--pick-only] [--mma]
 
 --finfo-min pads with the dtype's lowest finite value instead of -inf (Hugging Face exports); --pick-only
-times the scheduler's pick and SDPA alone (A/B of two trees in separate processes).
+times the scheduler's pick and SDPA alone (A/B of two trees in separate processes); --mma takes the A100's
+(sm_80) pick, fused_mma on mma.sync, as the pick (run on this GPU).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from device_attention_ab import graph_us  # noqa: E402
 
 import jitops  # noqa: E402
+from jitops.device import KNOWN_TARGETS  # noqa: E402
 from jitops.ops import get_op  # noqa: E402
 from jitops.errors import ScheduleError  # noqa: E402
 from jitops.ops.base import Schedule, TensorSpec  # noqa: E402
@@ -31,7 +33,7 @@ SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), 128), ("BERT-base b64 S=128
           ("BERT-base b32 S=384", (32, 12, 384, 64), 384), ("BERT-large b16 S=512", (16, 16, 512, 64), 512),
           ("T5 cross b8 (512 over 128)", (8, 12, 512, 64), 128), ("SDXL-like b8 (4096 over 77)", (16, 10, 4096, 64), 77),
           ("BERT-base b8 S=384", (8, 12, 384, 64), 384), ("D=96 b8 H=16 S=1024", (8, 16, 1024, 96), 1024),
-          ("D=128 b8 H=16 S=1024", (8, 16, 1024, 128), 1024)]
+          ("D=128 b8 H=16 S=1024", (8, 16, 1024, 128), 1024), ("D=256 b2 H=16 S=1024", (2, 16, 1024, 256), 1024)]
 
 
 def reference(q, k, v, mask):
@@ -47,6 +49,7 @@ def main() -> int:
     ap.add_argument("--finfo-min", action="store_true", help="pad with the dtype's lowest finite value, not -inf")
     ap.add_argument("--pick-only", action="store_true", help="time the pick and SDPA only")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
+    ap.add_argument("--mma", action="store_true", help="the A100's pick (fused_mma) as the pick")
     args = ap.parse_args()
     pad = torch.finfo(torch.float16).min if args.finfo_min else float("-inf")
     op = get_op("attention")
@@ -61,7 +64,7 @@ def main() -> int:
         mask = mask.masked_fill(torch.arange(sk, device="cuda").view(1, 1, 1, sk) >= lengths.view(-1, 1, 1, 1), pad)
         spec = {"q": TensorSpec(qs, "float16"), "k": TensorSpec(kvs, "float16"), "v": TensorSpec(kvs, "float16"),
                 "mask": TensorSpec(tuple(mask.shape), "float16")}
-        pick = op.heuristic(op.make_problem(spec, {}), device)
+        pick = op.heuristic(op.make_problem(spec, {}), KNOWN_TARGETS["sm_80"] if args.mma else device)
         tiles = [("g2k64", Schedule.make("fused_wgmma", groups=2, block_k=64, tma=1)),
                  ("g1k128", Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1)),
                  ("g2k128", Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1))]

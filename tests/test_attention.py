@@ -279,6 +279,34 @@ def test_fused_mma_tiles_and_edges(mma_emu, rng):
     assert np.all(out[:, :, 3] == 0)
 
 
+def test_fused_mma_padding_masks(mma_emu, rng):
+    """Padding masks ([B, 1, 1, Sk] and [B, H, 1, Sk]: key_mask) on the matrix-core tiles: key tiles inside
+    the bounds add the mask in the fast step, the last partial tile and the causal diagonal in the checked
+    one; -inf padding and the dtype's lowest value with a key far above the rest; split keys, GQA packing
+    (which keeps the per-row path) and a per-row mask of the same tensors for contrast."""
+    q_shape, kv_shape = (2, 4, 37, 64), (2, 4, 150, 64)
+    for mask_shape in ((2, 1, 1, 150), (2, 4, 1, 150)):
+        data = make(rng, q_shape, kv_shape, "float16", mask_shape=mask_shape, mask_dtype="float16")
+        data["mask"][1, ..., 90:] = -np.inf                       # batch 1: 90 real keys
+        specs = {n: TensorSpec(a.shape, a.dtype.name) for n, a in data.items()}
+        problem = op.make_problem(specs, {})
+        assert problem.key_mask
+        sched = Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32)
+        assert dict(op.plan(problem, sched, mma_emu.device).launches[0].params)["key_mask"] is True
+        for causal in (False, True):
+            run_checked(data, sched, causal=causal)
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, splits=2))
+        jump = data["mask"].copy()
+        jump[jump == -np.inf] = np.finfo(np.float16).min
+        jump[0, ..., 100] = 30.0                                   # past the first tiles: the max moves
+        run_checked({**data, "mask": jump}, sched)
+    gqa = make(rng, (1, 8, 3, 64), (1, 2, 150, 64), "float16", mask_shape=(1, 1, 1, 150), mask_dtype="float16")
+    gqa["mask"][..., 120:] = -np.inf
+    run_checked(gqa, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, pack=True), tol=4e-3)
+    rows = make(rng, q_shape, kv_shape, "float16", mask_shape=(2, 4, 37, 150), mask_dtype="float16")
+    run_checked(rows, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32))
+
+
 def test_fused_mma_unaligned(mma_emu, rng):
     shape = (1, 1, 20, 32)
     data = {"mask": None}

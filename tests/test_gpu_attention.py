@@ -388,6 +388,33 @@ def test_wgmma_padding_mask(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_mma_padding_mask(dtype, d):
+    """fused_mma (mma.sync: the pick off Hopper) with a padding mask ([B, 1, 1, Sk]: key_mask, the fast step
+    on tiles inside the bounds) against float64: the A100's pick and this device's fused_mma pick, causal
+    and not, GQA, a partial last tile; padding at the dtype's lowest value with a key 30 units above the rest."""
+    from jitops.device import KNOWN_TARGETS
+    op = get_op("attention")
+    q = randn(2, 8, 300, d, dtype=dtype)
+    k, v = randn(2, 2, 260, d, dtype=dtype), randn(2, 2, 260, d, dtype=dtype)
+    mask = randn(2, 1, 1, 260, dtype=dtype)
+    mask[1, ..., 140:] = float("-inf")
+    jump = mask.masked_fill(mask == float("-inf"), torch.finfo(dtype).min)
+    jump[0, 0, 0, 200] = 30.0
+    name = str(dtype).split(".")[-1]
+    spec = {"q": TensorSpec(tuple(q.shape), name), "k": TensorSpec(tuple(k.shape), name),
+            "v": TensorSpec(tuple(v.shape), name), "mask": TensorSpec(tuple(mask.shape), name)}
+    problem = op.make_problem(spec, {})
+    assert problem.key_mask
+    scheds = {op.heuristic(problem, KNOWN_TARGETS["sm_80"]), op.heuristic(problem, jitops.get_backend().device, "fused_mma")}
+    for sched in scheds:
+        assert sched.algorithm == "fused_mma", sched
+        check(q, k, v, mask=mask, schedule=sched)
+        check(q, k, v, mask=mask, causal=True, schedule=sched)
+        check(q, k, v, mask=jump, schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 160])
 def test_wgmma_query_walk_over_one_key_tile(dtype, d):
     """fused_wgmma blocks that walk several query tiles over one key tile loaded once (q_walk, the

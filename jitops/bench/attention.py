@@ -1,5 +1,6 @@
 """attention cases: the seed shape B=256, S=128, D=64 (fp32, fp16) and B=8, H=16, S=2048, D=64 (fp16),
-plus the attention layers of real models (MODELS, fp16 and bf16), against
+plus the attention layers of real models (MODELS, fp16 and bf16; BERT with the padding mask its ONNX exports
+pass, PADDED), against
 torch.nn.functional.scaled_dot_product_attention on the same tensors (enable_gqa for grouped
 heads); every algorithm when asked; each case checked against a float64 reference (torch on the GPU)
 before it is timed.
@@ -41,7 +42,12 @@ MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
     ("GPT-2 causal S=1024", (8, 12, 1024, 64), (8, 12, 1024, 64), True),
     ("DiT-XL S=1024 D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),
     ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True),
+    ("BERT-base S=384 padding mask", (32, 12, 384, 64), (32, 12, 384, 64), False),
+    ("BERT-large S=512 padding mask", (16, 16, 512, 64), (16, 16, 512, 64), False),
 )
+# Rows that pass an additive [B, 1, 1, Sk] padding mask (-inf past each batch's length, lengths Sk/2..Sk),
+# as ONNX exports of BERT do: jitops and SDPA both take it.
+PADDED = frozenset(name for name, *_ in MODELS if name.endswith("padding mask"))
 
 
 def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
@@ -61,10 +67,20 @@ def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
     return out
 
 
-def _problem(q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool) -> Any:
+def _problem(q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, padded: bool = False) -> Any:
+    mask = TensorSpec((kv_shape[0], 1, 1, kv_shape[2]), dtype) if padded else None
     specs = {"q": TensorSpec(q_shape, dtype), "k": TensorSpec(kv_shape, dtype), "v": TensorSpec(kv_shape, dtype),
-             "mask": None}
+             "mask": mask}
     return get_op(OP).make_problem(specs, {"causal": causal, "scale": None})
+
+
+def padding_mask(torch: Any, kv_shape: tuple, dtype: Any) -> Any:
+    """[B, 1, 1, Sk]: 0 on each batch's first L keys, -inf after (L random in Sk/2..Sk, seeded)."""
+    b, sk = kv_shape[0], kv_shape[2]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths = torch.randint(sk // 2, sk + 1, (b,), device="cuda", generator=g)
+    keys = torch.arange(sk, device="cuda").view(1, 1, 1, sk)
+    return torch.zeros(b, 1, 1, sk, device="cuda", dtype=dtype).masked_fill(keys >= lengths.view(-1, 1, 1, 1), float("-inf"))
 
 
 def _variants(ctx: Context, problem: Any) -> list[str]:
@@ -99,17 +115,23 @@ def _four_d(*tensors: Any) -> tuple:
     return tuple(t.unsqueeze(1) if t.dim() == 3 else t for t in tensors)
 
 
-def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
-    """softmax(q k^T / sqrt(D)) v in float64 on the GPU (top-left causal, as SDPA), kv heads shared
-    by groups of query heads; a few heads at a time (the scores of SD 1.5 are 2 GiB in float64)."""
+def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool, mask: Any = None) -> Any:
+    """softmax(q k^T / sqrt(D) + mask) v in float64 on the GPU (top-left causal, as SDPA), kv heads shared
+    by groups of query heads; a few heads at a time (the scores of SD 1.5 are 2 GiB in float64). A mask
+    is [B, 1, 1, Sk] (a padding mask) or None."""
     if q.dim() == 4 and k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     qf, kf, vf = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    heads = qf.shape[0] // q.shape[0]
+    # per flattened (batch, head): its batch's mask row
+    mf = None if mask is None else mask.double().reshape(q.shape[0], 1, 1, -1).repeat_interleave(heads, dim=0)
     out = torch.empty(qf.shape, dtype=torch.float64, device=q.device)
     step = max(1, (1 << 27) // (q.shape[-2] * k.shape[-2]))
     for i in range(0, qf.shape[0], step):
         s = qf[i:i + step].double() @ kf[i:i + step].double().transpose(-1, -2) / q.shape[-1] ** 0.5
+        if mf is not None:
+            s = s + mf[i:i + step].reshape(-1, 1, s.shape[-1])
         if causal:
             n, m = s.shape[-2:]
             s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), float("-inf"))
@@ -118,10 +140,12 @@ def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
     return out.reshape(q.shape)
 
 
-def sdpa_call(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
+def sdpa_call(torch: Any, q: Any, k: Any, v: Any, causal: bool, mask: Any = None) -> Callable[[], Any]:
     """SDPA on the same tensors: 4-D views of 3-D ones, enable_gqa when kv heads are shared."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q4, k4, v4 = _four_d(q, k, v)
+    if mask is not None:
+        return lambda: sdpa(q4, k4, v4, attn_mask=mask)
     if k4.shape[1] != q4.shape[1]:
         return lambda: sdpa(q4, k4, v4, is_causal=causal, enable_gqa=True)
     return lambda: sdpa(q4, k4, v4, is_causal=causal)
@@ -134,13 +158,14 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
     q = torch.randn(q_shape, device="cuda", dtype=tdt)
     k = torch.randn(kv_shape, device="cuda", dtype=tdt)
     v = torch.randn(kv_shape, device="cuda", dtype=tdt)
+    mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None
     out = torch.empty_like(q)
     schedule = None if variant == "heuristic" else variant
 
     def check() -> float:
         out.fill_(float("nan"))
-        jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule)
-        ref = torch_reference(torch, q, k, v, causal)
+        jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule)
+        ref = torch_reference(torch, q, k, v, causal, mask)
         err = float((out.double() - ref).abs().max() / ref.abs().max())
         rtol, _ = _tolerance(problem, schedule)
         assert err <= rtol and not torch.isnan(out).any(), f"error {err:.3g} > {rtol} (or NaN left in output)"
@@ -148,8 +173,8 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
         return err
 
     return Case(OP, f"{name} {dtype}", variant,
-                jitops=lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=schedule),
-                check=check, vendor=sdpa_call(torch, q, k, v, causal), vendor_name="torch.sdpa",
+                jitops=lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule),
+                check=check, vendor=sdpa_call(torch, q, k, v, causal, mask), vendor_name="torch.sdpa",
                 bytes=problem.bytes_moved(), flops=problem.flops(),
                 schedule=lambda: _schedule_text(problem, schedule), repeats=_repeats(problem, variant))
 
@@ -196,7 +221,7 @@ def cases(ctx: Context) -> Iterator[Case]:
     make: Callable[..., Case] = _case_gpu if ctx.on_gpu else _case_cpu
     models = {m[0] for m in MODELS}
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
-        problem = _problem(q_shape, kv_shape, dtype, causal)
+        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED)
         for variant in (["heuristic"] if name in models else _variants(ctx, problem)):   # model rows: ours only
             yield make(ctx, name, q_shape, kv_shape, dtype, causal, variant, problem)
 
@@ -214,13 +239,14 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
     device = jitops.get_backend().device
     rows = []
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
-        problem = _problem(q_shape, kv_shape, dtype, causal)
+        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED)
         tdt = getattr(torch, dtype)
         q, k, v = (torch.randn(s, device="cuda", dtype=tdt) for s in (q_shape, kv_shape, kv_shape))
+        mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None
         out = torch.empty_like(q)
-        ref = torch_reference(torch, q, k, v, causal)
+        ref = torch_reference(torch, q, k, v, causal, mask)
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        vendor_us = timer.graph_us(sdpa_call(torch, q, k, v, causal), n=20)
+        vendor_us = timer.graph_us(sdpa_call(torch, q, k, v, causal, mask), n=20)
         if q.dim() == 3:
             print(f"{name} {dtype}: SDPA on 3-D tensors {timer.graph_us(lambda: sdpa(q, k, v), n=20):.1f} us, "
                   f"on the 4-D view {vendor_us:.1f} us", flush=True)
@@ -232,9 +258,9 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
             if mma and sched.algorithm == "fused" and sched != op.heuristic(problem, device, "fused"):
                 continue      # with matrix cores, only the scheduler's SIMT tile for reference
             out.fill_(float("nan"))
-            jitops.attention(q, k, v, causal=causal, out=out, schedule=sched)
+            jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched)
             err = float((out.double() - ref).abs().max() / ref.abs().max())
-            us = timer.graph_us(lambda: jitops.attention(q, k, v, causal=causal, out=out, schedule=sched), n=20)
+            us = timer.graph_us(lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched), n=20)
             rows.append({"problem": f"{name} {dtype}", "schedule": str(sched), "error": err, "us": us,
                          "sdpa_us": vendor_us, "ratio": vendor_us / us if us and vendor_us else None,
                          "tflops": problem.flops() / (us * 1e-6) / 1e12 if us else None})

@@ -55,6 +55,15 @@ class AttentionProblem:
         return self.mask_shape is not None
 
     @property
+    def key_mask(self) -> bool:
+        """A padding mask: one additive value per key, broadcast over the query rows ([B, 1, 1, Sk] or
+        [B, H, 1, Sk], as ONNX exports of BERT / T5 pass it): row stride 0, key stride 1."""
+        if self.mask_shape is None:
+            return False
+        _, _, row_stride, key_stride = self.mask_strides()
+        return row_stride == 0 and key_stride == 1
+
+    @property
     def group(self) -> int:
         """Query heads per kv head."""
         return self.heads // self.kv_heads

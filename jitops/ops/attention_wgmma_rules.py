@@ -69,10 +69,7 @@ def key_mask(p: AttentionProblem) -> bool:
     rows instead of one load (and a 64-bit index) per score (template key_mask): H100, 2026-11-27 10:40,
     BERT-base b32 S=128 with a padding mask 25.9 -> 21.4 us on the same tile
     (scripts/device_attention_padding_mask.py)."""
-    if not p.has_mask:
-        return False
-    _, _, row_stride, key_stride = p.mask_strides()
-    return row_stride == 0 and key_stride == 1
+    return p.key_mask
 
 
 def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
