@@ -2,7 +2,8 @@
 synccheck): 128- and 64-key tiles, a partial last query tile, causal with per-warp release, GQA; the
 short-prefill pick (64-key tiles, bounded step: ViT's 197 tokens); the small-grid picks (128-key tiles
 with the bounded step up to DP = 64, D = 256 on a released ring); trimmed last tiles (trim=1, CLIP's 257; 77 keys of cross-attention);
-blocks walking several query tiles over one key tile (q_walk); padding masks (key_mask).
+blocks walking several query tiles over one key tile (q_walk); padding masks (key_mask); masks of whole rows
+(row_mask).
 
     compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_attention_one_wg.py
 """
@@ -61,6 +62,16 @@ for g, bk, sk, bounded in ((2, 64, 300, 0), (1, 128, 100, 0), (2, 64, 300, 1), (
         mask[0, ..., 200] = 30.0                   # past the first tile: the bounded step runs S again
     extra = {"stages": 1, "q_walk": 2, "trim": 1} if sk <= bk else {"bounded": 1, "release": 1} if bounded else {}
     out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+for bk, bounded in ((64, 0), (64, 1), (128, 1)):                # masks of whole rows ([B, 1, Sq, Sk]: row_mask loads)
+    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    mask = torch.randn(2, 1, 200, 300, device="cuda", dtype=torch.float16)
+    mask[1, ..., 150:] = float("-inf")
+    mask[0, 0, 5, 250] = 30.0
+    out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1,
+                                                                 **({"bounded": 1} if bounded else {})))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
 print("sanitize cases done")

@@ -303,8 +303,31 @@ def test_fused_mma_padding_masks(mma_emu, rng):
     gqa = make(rng, (1, 8, 3, 64), (1, 2, 150, 64), "float16", mask_shape=(1, 1, 1, 150), mask_dtype="float16")
     gqa["mask"][..., 120:] = -np.inf
     run_checked(gqa, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, pack=True), tol=4e-3)
-    rows = make(rng, q_shape, kv_shape, "float16", mask_shape=(2, 4, 37, 150), mask_dtype="float16")
-    run_checked(rows, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32))
+    per_query = make(rng, q_shape, kv_shape, "float16", mask_shape=(2, 4, 37, 1), mask_dtype="float16")
+    run_checked(per_query, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32))     # the generic path
+
+
+def test_fused_mma_row_masks(mma_emu, rng):
+    """Masks with a row per query row and contiguous keys (row_mask: a decoder export's causal + padding
+    mask [B, 1, Sq, Sk], T5's position bias [1, H, Sq, Sk]) on the fast and checked tiles, a partial last
+    query tile (rows past Sq read the last mask row), causal, split keys, the lowest-value fill."""
+    q_shape, kv_shape = (2, 4, 37, 64), (2, 4, 150, 64)
+    sched = Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32)
+    for mask_shape in ((2, 1, 37, 150), (1, 4, 37, 150), (37, 150)):
+        data = make(rng, q_shape, kv_shape, "float16", mask_shape=mask_shape, mask_dtype="float16")
+        specs = {n: TensorSpec(a.shape, a.dtype.name) for n, a in data.items()}
+        problem = op.make_problem(specs, {})
+        assert problem.row_mask and not problem.key_mask
+        assert dict(op.plan(problem, sched, mma_emu.device).launches[0].params)["row_mask"] is True
+        run_checked(data, sched)
+        run_checked(data, sched, causal=True)
+        run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, splits=2))
+    decoder = make(rng, q_shape, kv_shape, "float16", mask_shape=(2, 1, 37, 150), mask_dtype="float16")
+    decoder["mask"][:] = 0
+    decoder["mask"][..., np.triu_indices(37, 150 - 37 + 1)[0], np.triu_indices(37, 150 - 37 + 1)[1]] = np.finfo(np.float16).min
+    decoder["mask"][1, ..., :40] = np.finfo(np.float16).min        # batch 1 left-padded by 40 keys
+    decoder["mask"][0, 0, 20, 100] = 30.0                          # a key far above the rest
+    run_checked(decoder, sched)
 
 
 def test_fused_mma_unaligned(mma_emu, rng):
@@ -566,9 +589,10 @@ def test_wgmma_blocks_walk_query_tiles_over_one_key_tile():
 def test_wgmma_padding_masks():
     """sm_90 with a mask: a padding mask ([B, 1, 1, Sk]) is a key mask (one load per column in the softmax)
     and walks query tiles over one key tile like no mask (BERT / T5 from ONNX); masked calls of 128-key
-    tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM); key masks take the fast
-    softmax on tiles inside the bounds and, up to DP = 64, the bounded step; per-row masks are no key
-    masks, do not walk and check every tile."""
+    tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM) unless a padding mask
+    runs the bounded step; padding masks and masks of contiguous rows (row_mask) take the fast softmax on
+    tiles inside the bounds and, up to DP = 112, the bounded step; per-row masks are no key masks and do
+    not walk."""
     from jitops.device import KNOWN_TARGETS
     from jitops.ops.attention_wgmma_rules import key_mask
     h100 = KNOWN_TARGETS["sm_90"]
@@ -591,14 +615,16 @@ def test_wgmma_padding_masks():
         keys = 128 if m[1:3] == (1, 1) else 64                # padding masks on the bounded step fit 128 keys
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, keys) and not s.get("q_walk"), (q, m, s)
         assert ("key_mask" in dict(op.plan(p, s, h100).launches[0].params)) == (m[1:3] == (1, 1))
-        assert bool(s.get("bounded")) == (m[1:3] == (1, 1)), (m, s)
+        assert s.get("bounded"), (m, s)
+        assert dict(op.plan(p, s, h100).launches[0].params).get("row_mask", False) == (m[2] > 1)
     wide = problem((8, 16, 1024, 128), (8, 16, 1024, 128), (8, 1, 1, 1024))
     assert not op.heuristic(wide, h100).get("bounded")       # DP > 112: causal would spill
     assert op.heuristic(problem((8, 16, 1024, 96), (8, 16, 1024, 96), (8, 1, 1, 1024)), h100).get("bounded")
     assert not op.heuristic(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128), True), h100).get("q_walk")
     # the masked picks at DP <= 64 compile without spills (128-key tiles spilled 276-316 bytes, C7512)
     if importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc"):
-        for p in [problem((32, 12, 384, 64), (32, 12, 384, 64), m) for m in ((32, 1, 1, 384), (32, 12, 384, 384))] + [wide]:
+        for p in [problem((32, 12, 384, 64), (32, 12, 384, 64), m) for m in ((32, 1, 1, 384), (32, 12, 384, 384))] + [
+                wide, problem((8, 16, 1024, 96), (8, 16, 1024, 96), (8, 1, 1024, 1024))]:
             _, text = _sm90a_ptxas(op.plan(p, op.heuristic(p, h100), h100).launches[0])
             assert "0 bytes spill stores" in text and "C7512" not in text, (p, text)
 
@@ -732,8 +758,8 @@ def test_scheduler_skips_the_running_max_where_it_measured_faster():
     """sm_90, the plain TMA loop: bounded=1 (no max on key tiles after the first while the
     probabilities stay bounded) on two warpgroups up to DP = 112 and with causal masking above (without
     it the H100 ran it 0.95-0.99x at DP = 128, where 3 warpgroups of 128-key tiles take it instead);
-    never with a mask. D = 40 / 72 (rows not whole 32-byte sectors): 4 warpgroups on a released ring
-    of 3 buffers."""
+    with a padding or whole-row mask up to DP = 112 only (an [Sq, Sk] mask is one of whole rows). D = 40 /
+    72 (rows not whole 32-byte sectors): 4 warpgroups on a released ring of 3 buffers."""
     from jitops.device import KNOWN_TARGETS
     h100 = KNOWN_TARGETS["sm_90"]
     for q, kv, causal, mask, bounded in (((8, 16, 2048, 64), (8, 16, 2048, 64), False, False, True),
@@ -741,7 +767,7 @@ def test_scheduler_skips_the_running_max_where_it_measured_faster():
                                          ((4, 16, 2048, 96), (4, 16, 2048, 96), False, False, True),
                                          ((8, 16, 2048, 128), (8, 16, 2048, 128), False, True, False),
                                          ((1, 32, 2048, 128), (1, 8, 2048, 128), True, False, True),
-                                         ((2, 8, 4096, 48), (2, 8, 4096, 48), False, True, False),
+                                         ((2, 8, 4096, 48), (2, 8, 4096, 48), False, True, True),
                                          ((1, 16, 2048, 256), (1, 16, 2048, 256), True, False, True),
                                          ((1, 16, 2048, 256), (1, 16, 2048, 256), False, False, False)):
         s = op.heuristic(_hopper_problem(q, kv, "float16", causal, mask), h100)

@@ -415,6 +415,48 @@ def test_mma_padding_mask(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_row_masks(dtype, d):
+    """Masks with a row per query row and contiguous keys (row_mask: the fast step adds them; the bounded
+    step on fused_wgmma) against float64: [B, 1, Sq, Sk] with -inf padding, a decoder's causal + left
+    padding at the dtype's lowest value, [1, H, Sq, Sk] bias
+    with a key 30 units above the rest; this device's pick, the A100's fused_mma pick and, on Hopper,
+    fused_wgmma's 64- / 128-key tiles with and without the bounded step."""
+    from jitops.device import KNOWN_TARGETS
+    from jitops.errors import ScheduleError
+    from jitops.ops.base import Schedule
+    op = get_op("attention")
+    q = randn(2, 8, 300, d, dtype=dtype)
+    k, v = randn(2, 2, 260, d, dtype=dtype), randn(2, 2, 260, d, dtype=dtype)
+    keys = torch.arange(260, device="cuda")
+    padding = randn(2, 1, 300, 260, dtype=dtype)
+    padding[1, ..., 140:] = float("-inf")
+    low = torch.finfo(dtype).min
+    future = keys.view(1, 260) > torch.arange(300, device="cuda").view(300, 1) + 50   # every row sees a key
+    decoder = torch.zeros(2, 1, 300, 260, device="cuda", dtype=dtype).masked_fill(future, low)
+    decoder[1, ..., :30] = low                                   # batch 1 left-padded
+    bias = randn(1, 8, 300, 260, dtype=dtype)
+    bias[0, 3, 10, 200] = 30.0
+    name = str(dtype).split(".")[-1]
+    for mask in (padding, decoder, bias):
+        spec = {"q": TensorSpec(tuple(q.shape), name), "k": TensorSpec(tuple(k.shape), name),
+                "v": TensorSpec(tuple(v.shape), name), "mask": TensorSpec(tuple(mask.shape), name)}
+        problem = op.make_problem(spec, {})
+        assert problem.row_mask
+        scheds = [None, op.heuristic(problem, KNOWN_TARGETS["sm_80"])]
+        if hopper():
+            scheds += [Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1, **extra)
+                       for bk in (64, 128) for extra in ({}, {"bounded": 1})]
+        for sched in scheds:
+            try:
+                check(q, k, v, mask=mask, schedule=sched)
+            except ScheduleError:          # a tile that does not fit D = 128
+                continue
+            if mask is padding:
+                check(q, k, v, mask=mask, causal=True, schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [40, 64, 160])
 def test_wgmma_query_walk_over_one_key_tile(dtype, d):
     """fused_wgmma blocks that walk several query tiles over one key tile loaded once (q_walk, the

@@ -64,6 +64,15 @@ class AttentionProblem:
         return row_stride == 0 and key_stride == 1
 
     @property
+    def row_mask(self) -> bool:
+        """A mask with its own row per query row and the keys contiguous (key stride 1): causal plus padding
+        masks of decoder exports ([B, 1, Sq, Sk]), T5's position bias ([1, H, Sq, Sk])."""
+        if self.mask_shape is None:
+            return False
+        _, _, row_stride, key_stride = self.mask_strides()
+        return row_stride != 0 and key_stride == 1
+
+    @property
     def group(self) -> int:
         """Query heads per kv head."""
         return self.heads // self.kv_heads

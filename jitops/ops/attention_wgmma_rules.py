@@ -177,9 +177,10 @@ def tiles_unchecked(p: AttentionProblem) -> bool:
 
 def tiles_fast(p: AttentionProblem) -> bool:
     """Whether key tiles inside the bounds take the fast softmax step (the template's checked_always is
-    the opposite): no mask, or a padding mask (`key_mask`: its one value per column is added by an FFMA
-    with the scale), and a positive scale. The rules measured without masks keep `tiles_unchecked`."""
-    return p.scale > 0 and (not p.has_mask or key_mask(p))
+    the opposite): no mask, a padding mask (`key_mask`: its one value per column is added by an FFMA
+    with the scale) or a mask of contiguous rows (`row_mask`: a load per score at an immediate offset from
+    the row's pointer), and a positive scale. The rules measured without masks keep `tiles_unchecked`."""
+    return p.scale > 0 and (not p.has_mask or key_mask(p) or p.row_mask)
 
 
 def bounded_exp(p: AttentionProblem) -> bool:
@@ -237,8 +238,9 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
             # with a mask, 128-key tiles at 128 registers (two blocks per SM) spill (NVRTC 13.5: 276-316
             # bytes, wgmma serialized, C7512): 64-key tiles. H100, 2026-11-27 10:40, padding masks: BERT-base
             # b32 S=384 106.6 -> 80.3 us, BERT-large b16 S=512 110.1 -> 83.0, b64 S=128 39.6 -> 32.0. Padding
-            # masks on the bounded step fit (0 bytes) and take the unmasked tiles.
-            spills = p.has_mask and not bounded_exp(p)
+            # masks on the bounded step fit (0 bytes) and take the unmasked tiles; masks of whole rows
+            # (`row_mask`) spill there (224-248 bytes) and keep 64 keys.
+            spills = p.has_mask and not (key_mask(p) and bounded_exp(p))
             tiles = (1 if one_group(p, 128, device) else 2, 64 if spills else 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if grid_blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
@@ -275,7 +277,7 @@ def one_group(p: AttentionProblem, block_k: int, device: DeviceInfo) -> bool:
     b32 S=128 (2 each) 11.9-12.0 against 12.0-12.3; 160 queries at D = 128 b1 6.6-6.8 against 8.6-8.7. Where
     one warpgroup takes more waves it loses: Whisper's encoder (1 x 20 x 1500 x 64; 2 waves against 1)
     40.3-41.1 against 30.0-30.2, BERT-large b16 S=512 and BERT-base b32 S=384 (6 against 4-5) 0.96-0.98x."""
-    if p.causal != "none" or not tiles_fast(p):
+    if p.causal != "none" or not (tiles_unchecked(p) or (key_mask(p) and tiles_fast(p))):   # row masks: not measured
         return False
 
     def waves(groups: int) -> int:
