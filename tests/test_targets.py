@@ -23,6 +23,18 @@ def _backend_or_skip(target: str):
         raise
 
 
+def representatives(variants: list, target: str) -> list:
+    """Every variant, except for gfx942: one per template family (algorithm). gfx942 takes the same HIP
+    source and wave64 logic as gfx90a, whose hiprtc compile covers every branch; its clang compile costs
+    about 1.3 s a kernel on a 2-core CI machine (200 s for every variant, 2026-11-29)."""
+    if target != "gfx942":
+        return variants
+    firsts: dict = {}
+    for problem, schedule in variants:
+        firsts.setdefault(schedule.algorithm, (problem, schedule))
+    return list(firsts.values())
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op_name", op_names())
 def test_variants_compile_offline(op_name, target):
@@ -30,7 +42,7 @@ def test_variants_compile_offline(op_name, target):
     assert not backend.can_launch
     op = get_op(op_name)
     seen = set()
-    for problem, schedule in op.variants(backend.device):
+    for problem, schedule in representatives(op.variants(backend.device), target):
         _, _, kernels = engine.compile_problem(op_name, problem, backend, schedule)
         for k in kernels:
             assert k.binary_bytes > 0

@@ -397,7 +397,10 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
         # q, k, v stored [B, S, H, D] (4-d tensor maps)
         pr = problem("bfloat16", 72, mask=True, causal=True, layout="bshd")
         out.append((pr, Schedule.make("fused_wgmma", groups=2, block_k=64)))
-        # and the plain TMA loop (the sm_90 picks' loop) with the bounded step and a trimmed last key tile
-        pr = problem("float16", 64)
+        # and the plain TMA loop (the sm_90 picks' loop) with the bounded step and a trimmed last key tile,
+        # under a padding mask ([B, 1, 1, Sk]: key_mask's loads in the fast and the bounded step)
+        specs = {"q": TensorSpec((2, 4, 197, 64), "float16"), "k": TensorSpec((2, 2, 77, 64), "float16"),
+                 "v": TensorSpec((2, 2, 77, 64), "float16"), "mask": TensorSpec((2, 1, 1, 77), "float16")}
+        pr = make_problem(specs, {"causal": False})
         out.append((pr, Schedule.make("fused_wgmma", groups=1, block_k=64, tma=1, bounded=1, trim=1)))
     return out
