@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from device_attention_ab import graph_us  # noqa: E402
+from device_attention_ab import best_of_rotations  # noqa: E402
 
 import jitops  # noqa: E402
 from jitops.device import KNOWN_TARGETS  # noqa: E402
@@ -94,11 +94,7 @@ def main() -> int:
         gqa = hk != qs[1]
         calls.append(("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                                                        enable_gqa=gqa)))
-        times = {label: [] for label, _ in calls}
-        for n in range(len(calls)):
-            for label, call in calls[n:] + calls[:n]:
-                times[label].append(graph_us(call))
-        row["us"] = {label: min(ts) for label, ts in times.items()}
+        row["us"] = best_of_rotations(calls)
         rows.append(row)
         print(f"{name:62} " + "  ".join(f"{lab} {us:7.1f}" for lab, us in row["us"].items())
               + f"   errors {row['pick_err']:.1e} / {row['a100_pick_err']:.1e}   pick {row['pick_schedule']}", flush=True)

@@ -70,6 +70,14 @@ def randn(*shape, dtype=torch.float32):
     return torch.randn(shape, device="cuda", dtype=dtype)
 
 
+def problem_of(q, k, v, mask=None):
+    """The attention problem of these tensors (default attributes)."""
+    dtype = str(q.dtype).split(".")[-1]
+    specs = {n: TensorSpec(tuple(t.shape), dtype) if t is not None else None
+             for n, t in (("q", q), ("k", k), ("v", v), ("mask", mask))}
+    return get_op("attention").make_problem(specs, {})
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_odd_lengths_gqa_mask_causal(dtype):
     q, k, v = randn(2, 4, 197, 64, dtype=dtype), randn(2, 2, 77, 64, dtype=dtype), randn(2, 2, 77, 64, dtype=dtype)
@@ -133,9 +141,7 @@ def test_long_sequence_matrix_cores():
     check(q, k, v)
     check(q, k, v, causal=True)
     op = get_op("attention")
-    specs = {"q": TensorSpec(tuple(q.shape), "float16"), "k": TensorSpec(tuple(k.shape), "float16"),
-             "v": TensorSpec(tuple(v.shape), "float16"), "mask": None}
-    schedule = op.heuristic(op.make_problem(specs, {}), jitops.get_backend().device)
+    schedule = op.heuristic(problem_of(q, k, v), jitops.get_backend().device)
     device = jitops.get_backend().device
     if device.matrix_cores:     # Hopper's warpgroup kernel where it applies, else mma.sync
         assert schedule.algorithm == ("fused_wgmma" if hopper() else "fused_mma")
@@ -401,10 +407,7 @@ def test_mma_padding_mask(dtype, d):
     mask[1, ..., 140:] = float("-inf")
     jump = mask.masked_fill(mask == float("-inf"), torch.finfo(dtype).min)
     jump[0, 0, 0, 200] = 30.0
-    name = str(dtype).split(".")[-1]
-    spec = {"q": TensorSpec(tuple(q.shape), name), "k": TensorSpec(tuple(k.shape), name),
-            "v": TensorSpec(tuple(v.shape), name), "mask": TensorSpec(tuple(mask.shape), name)}
-    problem = op.make_problem(spec, {})
+    problem = problem_of(q, k, v, mask)
     assert problem.key_mask
     scheds = {op.heuristic(problem, KNOWN_TARGETS["sm_80"]), op.heuristic(problem, jitops.get_backend().device, "fused_mma")}
     for sched in scheds:
@@ -437,11 +440,8 @@ def test_row_masks(dtype, d):
     decoder[1, ..., :30] = low                                   # batch 1 left-padded
     bias = randn(1, 8, 300, 260, dtype=dtype)
     bias[0, 3, 10, 200] = 30.0
-    name = str(dtype).split(".")[-1]
     for mask in (padding, decoder, bias):
-        spec = {"q": TensorSpec(tuple(q.shape), name), "k": TensorSpec(tuple(k.shape), name),
-                "v": TensorSpec(tuple(v.shape), name), "mask": TensorSpec(tuple(mask.shape), name)}
-        problem = op.make_problem(spec, {})
+        problem = problem_of(q, k, v, mask)
         assert problem.row_mask
         scheds = [None, op.heuristic(problem, KNOWN_TARGETS["sm_80"])]
         if hopper():

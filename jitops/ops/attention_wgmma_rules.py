@@ -193,9 +193,10 @@ def bounded_exp(p: AttentionProblem) -> bool:
     and causal D = 128 1.00-1.03x; without causal masking at DP = 128 0.95-0.99x, so not there (nor
     above 128 without it: not measured; at DP = 128 `three_groups` takes it with 128-key tiles). A third
     run (22:13) with Gemma's causal D = 256: 1.02-1.03x.
-    Padding masks (`key_mask`) take it too up to DP = 112, adding the column's value inside the exponent
-    (causal DP = 128 would spill 84 bytes against 44 without it: NVRTC 13.5 offline); other masks and
-    negative scales check every tile, so it would never apply."""
+    Padding masks (`key_mask`) and masks of whole rows (`row_mask`) take it too up to DP = 112, adding the
+    mask value inside the exponent (a padding mask at causal DP = 128 would spill 84 bytes against 44
+    without it: NVRTC 13.5 offline); other masks and negative scales check every tile, so it would never
+    apply."""
     dp = padded_dim(p.d)
     if p.has_mask and dp > 112:
         return False
