@@ -128,6 +128,29 @@ def test_failing_candidates_never_win(cpu, isolated):
     assert all(u["schedule"]["algorithm"] in ("vectorized", "naive") for u in rec["runners_up"])
 
 
+@pytest.mark.parametrize("fresh_us, kept", [((10.5, 10.0), "vectorized"), ((9.0, 10.0), "naive"), (None, "naive")])
+def test_close_winners_are_confirmed_on_fresh_buffers(cpu, isolated, monkeypatch, fresh_us, kept):
+    """A winner less than confirm_below faster than the heuristic must win a second, fresh timing;
+    a clear winner (None: 2x faster) is not timed again."""
+    from jitops.tuning import tuner
+    op = _fake_op()
+    op.candidates = lambda problem, device: [LR.heuristic(problem, device, "naive")]
+    final = {"vectorized": 10.2, "naive": 9.7 if fresh_us else 5.0}
+    monkeypatch.setattr(tuner, "_final_us", lambda c: final[c.schedule.algorithm] if c.samples else float("inf"))
+    calls = []
+
+    def remeasure(op_, problem, schedules, backend, reps):
+        calls.append([s.algorithm for s in schedules])
+        return list(fresh_us)
+    monkeypatch.setattr(tuner, "remeasure", remeasure)
+    problem = op.make_problem({"x": TensorSpec((4096,), "float32")}, {"alpha": 0.1})
+    [r] = tune_problems([(op, problem)], cpu, TuneOptions(budget_s=None, workers=1))
+    assert calls == ([["naive", "vectorized"]] if fresh_us else [])
+    assert r.source == "tuned" and r.schedule.algorithm == kept
+    assert r.time_us == final[kept] and r.heuristic_us == 10.2
+    assert store().user_records()[0]["schedule"]["algorithm"] == kept
+
+
 def test_measure_schedules_checks_then_times(cpu):
     """The sweeps' measurement (tuning.sweep): wrong and unplannable schedules get no time and say why."""
     from jitops.tuning.sweep import measure_schedules, remeasure
