@@ -6,7 +6,9 @@ Every entry is checked against float64 (batch 0, heads 0 and 1) into a NaN-fille
 (graph replay, each entry first in one pass). A/B of two trees: run this file from each, one after the
 other.
 
-    python3 scripts/device_attention_row_masks.py [--out DIR] [--tag NAME]
+    python3 scripts/device_attention_row_masks.py [--out DIR] [--tag NAME] [--variants "groups=1,block_k=128,bounded=1"]
+
+--variants: the pick with these parameters changed or added, each timed beside it (';' between variants).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from device_attention_ab import best_of_rotations  # noqa: E402
 import jitops  # noqa: E402
 from jitops.device import KNOWN_TARGETS  # noqa: E402
 from jitops.ops import get_op  # noqa: E402
-from jitops.ops.base import TensorSpec  # noqa: E402
+from jitops.ops.base import Schedule, TensorSpec, parse_value  # noqa: E402
 
 # (name, q shape [B, H, Sq, D], kv heads, mask kind)
 SHAPES = [("BERT-base b32 S=384, padding as [B,1,S,S]", (32, 12, 384, 64), 12, "padding"),
@@ -63,6 +65,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
+    ap.add_argument("--variants", default="", help="the pick with these parameters: 'name=value,...;...'")
     args = ap.parse_args()
     op = get_op("attention")
     device = jitops.get_backend().device
@@ -75,7 +78,18 @@ def main() -> int:
         spec = {"q": TensorSpec(qs, "float16"), "k": TensorSpec(kvs, "float16"), "v": TensorSpec(kvs, "float16"),
                 "mask": TensorSpec(tuple(mask.shape), "float16")}
         problem = op.make_problem(spec, {})
-        scheds = [("pick", op.heuristic(problem, device)), ("a100_pick", op.heuristic(problem, KNOWN_TARGETS["sm_80"]))]
+        pick = op.heuristic(problem, device)
+        scheds = [("pick", pick), ("a100_pick", op.heuristic(problem, KNOWN_TARGETS["sm_80"]))]
+        for variant in filter(None, args.variants.split(";")):
+            params = {k: v for k, v in pick.as_dict()["params"].items() if k != "why"}
+            params.update({k: parse_value(v) for k, v in (kv.split("=") for kv in variant.split(","))})
+            sched = Schedule.make(pick.algorithm, **params)
+            try:
+                op.plan(problem, sched, device)
+            except jitops.ScheduleError as exc:
+                print(f"  {variant}: {exc}", flush=True)
+                continue
+            scheds.append((variant, sched))
         ref = reference(q, k, v, mask)
         calls, row = [], {"shape": name, **{f"{lab}_schedule": str(s) for lab, s in scheds}}
         for label, sched in scheds:

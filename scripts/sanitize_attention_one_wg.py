@@ -64,12 +64,14 @@ for g, bk, sk, bounded in ((2, 64, 300, 0), (1, 128, 100, 0), (2, 64, 300, 1), (
     out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=g, block_k=bk, tma=1, **extra))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-for bk, bounded in ((64, 0), (64, 1), (128, 1)):                # masks of whole rows ([B, 1, Sq, Sk]: row_mask loads)
-    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)
+for bk, bounded, offset in ((64, 0, 0), (64, 1, 0), (128, 1, 0), (64, 1, 1)):   # masks of whole rows ([B, 1, Sq, Sk]:
+    q = torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16)            # row_mask; offset 1: single loads)
     k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.float16) for _ in range(2))
     mask = torch.randn(2, 1, 200, 300, device="cuda", dtype=torch.float16)
     mask[1, ..., 150:] = float("-inf")
     mask[0, 0, 5, 250] = 30.0
+    if offset:
+        mask = torch.empty(mask.numel() + offset, device="cuda", dtype=mask.dtype)[offset:].view(mask.shape).copy_(mask)
     out = jitops.attention(q, k, v, mask, schedule=Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1,
                                                                  **({"bounded": 1} if bounded else {})))
     torch.cuda.synchronize()

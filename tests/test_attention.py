@@ -310,19 +310,24 @@ def test_fused_mma_padding_masks(mma_emu, rng):
 def test_fused_mma_row_masks(mma_emu, rng):
     """Masks with a row per query row and contiguous keys (row_mask: a decoder export's causal + padding
     mask [B, 1, Sq, Sk], T5's position bias [1, H, Sq, Sk]) on the fast and checked tiles, a partial last
-    query tile (rows past Sq read the last mask row), causal, split keys, the lowest-value fill."""
-    q_shape, kv_shape = (2, 4, 37, 64), (2, 4, 150, 64)
+    query tile (rows past Sq read the last mask row), causal, split keys, the lowest-value fill; two keys'
+    values per load where Sk is even (mask_pairs), also from a view one element off, one where it is odd."""
+    q_shape = (2, 4, 37, 64)
     sched = Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32)
-    for mask_shape in ((2, 1, 37, 150), (1, 4, 37, 150), (37, 150)):
-        data = make(rng, q_shape, kv_shape, "float16", mask_shape=mask_shape, mask_dtype="float16")
+    for sk, mask_shape in ((150, (2, 1, 37, 150)), (150, (1, 4, 37, 150)), (150, (37, 150)), (151, (2, 1, 37, 151))):
+        data = make(rng, q_shape, (2, 4, sk, 64), "float16", mask_shape=mask_shape, mask_dtype="float16")
         specs = {n: TensorSpec(a.shape, a.dtype.name) for n, a in data.items()}
         problem = op.make_problem(specs, {})
-        assert problem.row_mask and not problem.key_mask
-        assert dict(op.plan(problem, sched, mma_emu.device).launches[0].params)["row_mask"] is True
+        assert problem.row_mask and not problem.key_mask and problem.row_mask_pairs == (sk % 2 == 0)
+        params = dict(op.plan(problem, sched, mma_emu.device).launches[0].params)
+        assert params["row_mask"] is True and params.get("mask_pairs", False) == (sk % 2 == 0)
         run_checked(data, sched)
         run_checked(data, sched, causal=True)
         run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, splits=2))
-    decoder = make(rng, q_shape, kv_shape, "float16", mask_shape=(2, 1, 37, 150), mask_dtype="float16")
+        odd = np.empty(data["mask"].size + 1, data["mask"].dtype)[1:].reshape(data["mask"].shape)
+        odd[...] = data["mask"]
+        run_checked({**data, "mask": odd}, sched)
+    decoder = make(rng, q_shape, (2, 4, 150, 64), "float16", mask_shape=(2, 1, 37, 150), mask_dtype="float16")
     decoder["mask"][:] = 0
     decoder["mask"][..., np.triu_indices(37, 150 - 37 + 1)[0], np.triu_indices(37, 150 - 37 + 1)[1]] = np.finfo(np.float16).min
     decoder["mask"][1, ..., :40] = np.finfo(np.float16).min        # batch 1 left-padded by 40 keys

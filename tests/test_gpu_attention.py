@@ -424,7 +424,8 @@ def test_row_masks(dtype, d):
     step on fused_wgmma) against float64: [B, 1, Sq, Sk] with -inf padding, a decoder's causal + left
     padding at the dtype's lowest value, [1, H, Sq, Sk] bias
     with a key 30 units above the rest; this device's pick, the A100's fused_mma pick and, on Hopper,
-    fused_wgmma's 64- / 128-key tiles with and without the bounded step."""
+    fused_wgmma's 64- / 128-key tiles with and without the bounded step; each mask also as a view one
+    element off (Sk = 260 is even: two keys' values per load, single loads from that view)."""
     from jitops.device import KNOWN_TARGETS
     from jitops.errors import ScheduleError
     from jitops.ops.base import Schedule
@@ -442,7 +443,7 @@ def test_row_masks(dtype, d):
     bias[0, 3, 10, 200] = 30.0
     for mask in (padding, decoder, bias):
         problem = problem_of(q, k, v, mask)
-        assert problem.row_mask
+        assert problem.row_mask and problem.row_mask_pairs
         scheds = [None, op.heuristic(problem, KNOWN_TARGETS["sm_80"])]
         if hopper():
             scheds += [Schedule.make("fused_wgmma", groups=2, block_k=bk, tma=1, **extra)
@@ -454,6 +455,10 @@ def test_row_masks(dtype, d):
                 continue
             if mask is padding:
                 check(q, k, v, mask=mask, causal=True, schedule=sched)
+            # a view one element off: the paired loads (Sk even) would fault there; it reads single values
+            odd = torch.empty(mask.numel() + 1, device="cuda", dtype=dtype)[1:].view(mask.shape)
+            odd.copy_(mask)
+            check(q, k, v, mask=odd, schedule=sched)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -383,7 +383,7 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
               "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
               "packed": pack, "split": splits > 1, "stages": stages, **({"key_mask": True} if p.key_mask else {}),
-              **({"row_mask": True} if p.row_mask else {}),
+              **({"row_mask": True} if p.row_mask else {}), **({"mask_pairs": True} if p.row_mask_pairs else {}),
               "l2_prefetch": prefetch, "tma": tma, "tma_maps": tma and device.backend == "cuda",
               "cluster": splits if cluster else 0}
     total_rows = p.batch * p.heads * p.sq

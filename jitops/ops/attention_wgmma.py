@@ -241,7 +241,8 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
               "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
               "release": release, "bounded": bounded, **trimmed_tail(p, bk, trim), **({"q_walk": walk} if walk else {}),
-              **({"key_mask": True} if key_mask(p) else {}), **({"row_mask": True} if p.row_mask else {})}
+              **({"key_mask": True} if key_mask(p) else {}), **({"row_mask": True} if p.row_mask else {}),
+              **({"mask_pairs": True} if p.row_mask_pairs else {})}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))
     if tma:
