@@ -33,7 +33,9 @@ SHAPES = [("BERT-base b32 S=384, padding as [B,1,S,S]", (32, 12, 384, 64), 12, "
           ("T5-base encoder b8 S=512, bias + padding [B,H,S,S]", (8, 12, 512, 64), 12, "bias"),
           ("Llama-3-8B prefill b4 S=1024, causal + left padding [B,1,S,S]", (4, 32, 1024, 128), 8, "decoder"),
           ("B=8 H=16 S=1024 D=128, padding as [B,1,S,S]", (8, 16, 1024, 128), 16, "padding"),
-          ("B=8 H=16 S=1024 D=96, padding as [B,1,S,S]", (8, 16, 1024, 96), 16, "padding")]
+          ("B=8 H=16 S=1024 D=96, padding as [B,1,S,S]", (8, 16, 1024, 96), 16, "padding"),
+          ("B=8 H=16 S=2048 D=64, padding as [B,1,S,S]", (8, 16, 2048, 64), 16, "padding"),
+          ("SD 1.5-like b2 H=8 S=4096 D=40, padding as [B,1,S,S]", (2, 8, 4096, 40), 8, "padding")]
 
 
 def make_mask(kind: str, b: int, h: int, s: int, g: torch.Generator) -> torch.Tensor:

@@ -596,8 +596,8 @@ def test_wgmma_padding_masks():
     and walks query tiles over one key tile like no mask (BERT / T5 from ONNX); masked calls of 128-key
     tiles at DP <= 64 take 64-key tiles instead (128 spill at two blocks per SM) unless a padding mask
     runs the bounded step; padding masks and masks of contiguous rows (row_mask) take the fast softmax on
-    tiles inside the bounds and, up to DP = 112, the bounded step; per-row masks are no key masks and do
-    not walk."""
+    tiles inside the bounds and, up to DP = 112, the bounded step (row masks without causal masking on one
+    warpgroup of 128-key tiles); per-row masks are no key masks and do not walk."""
     from jitops.device import KNOWN_TARGETS
     from jitops.ops.attention_wgmma_rules import key_mask
     h100 = KNOWN_TARGETS["sm_90"]
@@ -617,11 +617,14 @@ def test_wgmma_padding_masks():
     for q, m in (((32, 12, 384, 64), (32, 1, 1, 384)), ((32, 12, 128, 64), (32, 12, 128, 128))):
         p = problem(q, q, m)
         s = op.heuristic(p, h100)
-        keys = 128 if m[1:3] == (1, 1) else 64                # padding masks on the bounded step fit 128 keys
-        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == (2, keys) and not s.get("q_walk"), (q, m, s)
+        # padding masks on the bounded step fit 128 keys on two warpgroups, row masks on one
+        tiles = (2, 128) if m[1:3] == (1, 1) else (1, 128)
+        assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"]) == tiles and not s.get("q_walk"), (q, m, s)
         assert ("key_mask" in dict(op.plan(p, s, h100).launches[0].params)) == (m[1:3] == (1, 1))
         assert s.get("bounded"), (m, s)
         assert dict(op.plan(p, s, h100).launches[0].params).get("row_mask", False) == (m[2] > 1)
+    causal_rows = op.heuristic(problem((4, 12, 512, 64), (4, 12, 512, 64), (4, 1, 512, 512), True), h100)
+    assert (causal_rows["groups"], causal_rows["block_k"]) == (2, 64), causal_rows    # one warpgroup: not measured
     wide = problem((8, 16, 1024, 128), (8, 16, 1024, 128), (8, 1, 1, 1024))
     assert not op.heuristic(wide, h100).get("bounded")       # DP > 112: causal would spill
     assert op.heuristic(problem((8, 16, 1024, 96), (8, 16, 1024, 96), (8, 1, 1, 1024)), h100).get("bounded")
@@ -670,9 +673,11 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
                       ((32, 12, 384, 64), 2), ((1, 20, 1500, 64), 2)):
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (groups, 128, 1), (q, s)
-    for causal, mask in ((True, False), (False, True)):     # two warpgroups: one_group is measured without both
+    # causal: two warpgroups (one_group is measured without it); a mask of whole rows at D = 64: one
+    # warpgroup of 128-key tiles (its two-warpgroup tiles spill at 128 keys and lose at 64, H200)
+    for causal, mask, groups in ((True, False, 2), (False, True, 1), (True, True, 2)):
         s = op.heuristic(_hopper_problem((8, 12, 384, 64), (8, 12, 384, 64), causal=causal, mask=mask), h100)
-        assert s.algorithm == "fused_wgmma" and s["groups"] == 2, (causal, mask, s)
+        assert s.algorithm == "fused_wgmma" and s["groups"] == groups, (causal, mask, s)
     # long queries over one tile of keys (SD cross-attention over 77 tokens) at DP = 64 and 160: the plain
     # loop, one warpgroup, one 128-key tile trimmed to 80; fused_mma at DP = 48 / 80, causal or with a mask
     for q, kv, wgmma in (((2, 20, 1024, 64), (2, 20, 77, 64), True), ((2, 8, 256, 160), (2, 8, 77, 160), True),

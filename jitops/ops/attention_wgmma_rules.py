@@ -240,7 +240,13 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
             # bytes, wgmma serialized, C7512): 64-key tiles. H100, 2026-11-27 10:40, padding masks: BERT-base
             # b32 S=384 106.6 -> 80.3 us, BERT-large b16 S=512 110.1 -> 83.0, b64 S=128 39.6 -> 32.0. Padding
             # masks on the bounded step fit (0 bytes) and take the unmasked tiles; masks of whole rows
-            # (`row_mask`) spill there (224-248 bytes) and keep 64 keys.
+            # (`row_mask`) spill there (224-248 bytes) and keep 64 keys, except at D = 64 on one warpgroup
+            # (up to 3 blocks per SM, 167 registers, no spill) without causal masking. H200, 2026-11-29
+            # (scripts/device_attention_row_masks.py --variants, two keys per mask load): BERT-base b32
+            # S=384 [B,1,S,S] 83.2 -> 76.2 us (SDPA 84.9), T5-base b8 S=512 bias 44.2 -> 37.2 (41.4), B=8
+            # H=16 S=2048 531.1 -> 498.5 (548.4); not at D = 40 (b2 H=8 S=4096: 309.1 -> 447.4, SDPA 304.0).
+            if p.row_mask and not causal and dp == 64 and bounded_exp(p):
+                return (1, 128, False) if fits(p.d, 1, 128, device, 2, False, True) else None
             spills = p.has_mask and not (key_mask(p) and bounded_exp(p))
             tiles = (1 if one_group(p, 128, device) else 2, 64 if spills else 128, causal)
         elif short_prefill(p):
