@@ -324,6 +324,9 @@ def test_fused_mma_row_masks(mma_emu, rng):
         run_checked(data, sched)
         run_checked(data, sched, causal=True)
         run_checked(data, Schedule.make("fused_mma", warps=2, row_groups=1, block_k=32, splits=2))
+        wide = op.make_problem({**specs, **{n: TensorSpec(a.shape[:-1] + (128,), "float16") for n, a in data.items()
+                                            if n in "qkv"}}, {})
+        assert not dict(op.plan(wide, sched, mma_emu.device).launches[0].params).get("mask_pairs")   # DP = 128: slower
         odd = np.empty(data["mask"].size + 1, data["mask"].dtype)[1:].reshape(data["mask"].shape)
         odd[...] = data["mask"]
         run_checked({**data, "mask": odd}, sched)

@@ -42,6 +42,15 @@ SHAPES_UP_TO_128 = ((4, 2, False), (4, 1, None), (2, 1, None))
 SHAPES_ABOVE_128 = ((8, 1, None), (4, 1, None), (2, 1, None))     # Gemma D=256: 8 x 1 1.13x faster than 4 x 1
 
 
+def mask_pairs(p: AttentionProblem) -> bool:
+    """Whether a row mask's two adjacent keys come in one load: where its strides allow, up to DP = 96. The
+    A100's picks run on an H200, both trees in one call (2026-11-29 04:20, scripts/device_attention_row_masks.py):
+    BERT-base b32 S=384 146.7 -> 123.8 us, T5 80.7 -> 71.9, D = 96 458 -> 428, D = 64 S = 2048 1141 -> 890,
+    D = 40 508 -> 462; at D = 128 (two row groups) 427 -> 459 and causal Llama-3 428 -> 435, same registers
+    and no spill either way (NVRTC, sm_80), so not there."""
+    return p.row_mask_pairs and padded_dim(p.d) <= 96
+
+
 def padded_dim(d: int) -> int:
     """The head dim the matrix cores see: D rounded up to the 16 of one mma k-step."""
     return ceil_div(max(d, 1), 16) * 16
@@ -383,7 +392,7 @@ def plan_mma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, idx: s
               "key_warps": key_warps, "threads": threads, "min_blocks": int(schedule.get("min_blocks", 0)),
               "scale_positive": p.scale > 0, "q_in_regs": bool(schedule.get("q_regs", q_in_registers(p.d))),
               "packed": pack, "split": splits > 1, "stages": stages, **({"key_mask": True} if p.key_mask else {}),
-              **({"row_mask": True} if p.row_mask else {}), **({"mask_pairs": True} if p.row_mask_pairs else {}),
+              **({"row_mask": True} if p.row_mask else {}), **({"mask_pairs": True} if mask_pairs(p) else {}),
               "l2_prefetch": prefetch, "tma": tma, "tma_maps": tma and device.backend == "cuda",
               "cluster": splits if cluster else 0}
     total_rows = p.batch * p.heads * p.sq
