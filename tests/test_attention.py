@@ -602,7 +602,6 @@ def test_wgmma_padding_masks():
     tiles inside the bounds and, up to DP = 112, the bounded step (row masks without causal masking on one
     warpgroup of 128-key tiles); per-row masks are no key masks and do not walk."""
     from jitops.device import KNOWN_TARGETS
-    from jitops.ops.attention_wgmma_rules import key_mask
     h100 = KNOWN_TARGETS["sm_90"]
 
     def problem(q, kv, mask_shape, causal=False):
@@ -611,9 +610,9 @@ def test_wgmma_padding_masks():
         return op.make_problem(specs, {"causal": causal})
 
     bert = problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 1, 128))
-    assert key_mask(bert) and key_mask(problem((8, 12, 512, 64), (8, 12, 128, 64), (128,)))
-    assert not key_mask(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 12, 128, 128)))
-    assert not key_mask(problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 128, 1)))
+    assert bert.key_mask and problem((8, 12, 512, 64), (8, 12, 128, 64), (128,)).key_mask
+    assert not problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 12, 128, 128)).key_mask
+    assert not problem((32, 12, 128, 64), (32, 12, 128, 64), (32, 1, 128, 1)).key_mask
     s = op.heuristic(bert, h100)
     assert s.get("q_walk") == 2, s
     assert dict(op.plan(bert, s, h100).launches[0].params)["key_mask"] is True

@@ -41,7 +41,7 @@ from ..errors import ScheduleError
 from .attention_mma import kv_tensor_map, padded_dim
 from .attention_problem import AttentionProblem
 from .attention_wgmma_fit import fits, shared_bytes, why_not
-from .attention_wgmma_rules import (bounded_exp, causal_head_group, four_groups, four_groups_block_k, grid_blocks, key_mask,
+from .attention_wgmma_rules import (bounded_exp, causal_head_group, four_groups, four_groups_block_k, grid_blocks,
                                     plain_resident, plain_tma_tiles, query_walk, short_keys, short_queries, tail_keys,
                                     three_groups, tiles_fast, tma_tiles, trim_flag, walk_resident)
 from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
@@ -241,7 +241,7 @@ def plan_wgmma(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, comm
               "min_blocks": min_blocks,
               "scale_positive": p.scale > 0, "producer": producer, "tma": tma,
               "release": release, "bounded": bounded, **trimmed_tail(p, bk, trim), **({"q_walk": walk} if walk else {}),
-              **({"key_mask": True} if key_mask(p) else {}), **({"row_mask": True} if p.row_mask else {}),
+              **({"key_mask": True} if p.key_mask else {}), **({"row_mask": True} if p.row_mask else {}),
               **({"mask_pairs": True} if p.row_mask_pairs else {})}
     args = (Buf("q"), Buf("k"), Buf("v"), *mask_args, Buf("out"), *tail, Scalar("i32", q_tiles),
             Scalar("f32", scale_log2), Scalar("i32", p.causal_offset))

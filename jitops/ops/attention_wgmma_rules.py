@@ -63,15 +63,6 @@ def short_keys(p: AttentionProblem) -> bool:
             and padded_dim(p.d) in (64, 160))
 
 
-def key_mask(p: AttentionProblem) -> bool:
-    """A padding mask: one additive value per key, broadcast over the query rows ([B, 1, 1, Sk], as ONNX
-    exports of BERT / T5 pass it). The softmax then loads each column's value once for both of a thread's
-    rows instead of one load (and a 64-bit index) per score (template key_mask): H100, 2026-11-27 10:40,
-    BERT-base b32 S=128 with a padding mask 25.9 -> 21.4 us on the same tile
-    (scripts/device_attention_padding_mask.py)."""
-    return p.key_mask
-
-
 def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
     """Query tiles of 64 rows that each block of the plain TMA loop walks over one key tile loaded once
     (q_walk; 0: none): 64-128 keys (cross-attention over a text encoder's tokens, T5's 128 encoder
@@ -91,7 +82,7 @@ def query_walk(p: AttentionProblem, device: DeviceInfo) -> int:
     BERT-base b32 S=128 21.4 -> 11.9 (14.3), T5 cross 20.1 -> 10.6 (13.9), 16 x 10 x 4096 over 77 keys
     169.4 (fused_mma) -> 91.9 (w4; SDPA 265.0); other masks (per query row) are not measured."""
     q_tiles = ceil_div(p.sq, 64)
-    if (p.causal != "none" or (p.has_mask and not key_mask(p)) or not 64 <= p.sk <= 128 or padded_dim(p.d) > 160
+    if (p.causal != "none" or (p.has_mask and not p.key_mask) or not 64 <= p.sk <= 128 or padded_dim(p.d) > 160
             or q_tiles < 2 or not fits(p.d, 1, 128, device, 1, False, True)):
         return 0
     slots = walk_resident(p, device) * device.multiprocessors
@@ -180,7 +171,7 @@ def tiles_fast(p: AttentionProblem) -> bool:
     the opposite): no mask, a padding mask (`key_mask`: its one value per column is added by an FFMA
     with the scale) or a mask of contiguous rows (`row_mask`: a load per score at an immediate offset from
     the row's pointer), and a positive scale. The rules measured without masks keep `tiles_unchecked`."""
-    return p.scale > 0 and (not p.has_mask or key_mask(p) or p.row_mask)
+    return p.scale > 0 and (not p.has_mask or p.key_mask or p.row_mask)
 
 
 def bounded_exp(p: AttentionProblem) -> bool:
@@ -247,7 +238,7 @@ def plain_tma_tiles(p: AttentionProblem, device: DeviceInfo) -> tuple[int, int, 
             # H=16 S=2048 531.1 -> 498.5 (548.4); not at D = 40 (b2 H=8 S=4096: 309.1 -> 447.4, SDPA 304.0).
             if p.row_mask and not causal and dp == 64 and bounded_exp(p):
                 return (1, 128, False) if fits(p.d, 1, 128, device, 2, False, True) else None
-            spills = p.has_mask and not (key_mask(p) and bounded_exp(p))
+            spills = p.has_mask and not (p.key_mask and bounded_exp(p))
             tiles = (1 if one_group(p, 128, device) else 2, 64 if spills else 128, causal)
         elif short_prefill(p):
             tiles = (1, 128 if grid_blocks(p, 64) <= 2 * device.multiprocessors else 64, causal)
@@ -284,7 +275,7 @@ def one_group(p: AttentionProblem, block_k: int, device: DeviceInfo) -> bool:
     b32 S=128 (2 each) 11.9-12.0 against 12.0-12.3; 160 queries at D = 128 b1 6.6-6.8 against 8.6-8.7. Where
     one warpgroup takes more waves it loses: Whisper's encoder (1 x 20 x 1500 x 64; 2 waves against 1)
     40.3-41.1 against 30.0-30.2, BERT-large b16 S=512 and BERT-base b32 S=384 (6 against 4-5) 0.96-0.98x."""
-    if p.causal != "none" or not (tiles_unchecked(p) or (key_mask(p) and tiles_fast(p))):   # row masks: not measured
+    if p.causal != "none" or not (tiles_unchecked(p) or (p.key_mask and tiles_fast(p))):   # row masks: not measured
         return False
 
     def waves(groups: int) -> int:
