@@ -53,12 +53,45 @@ def c_float_literal(value: float) -> str:
 
 def render(template: str, params: Mapping[str, Any]) -> str:
     """Render one kernel template (without the prelude)."""
-    return environment().get_template(template).render(**params)
+    try:
+        return environment().get_template(template).render(**params)
+    except SyntaxError as exc:
+        # Jinja compiles each template to a Python module; once (H200, 2026-11-29, 8 pytest processes,
+        # inside an ORT Compute) that module failed to compile and the same template rendered in the next
+        # run. Cause unknown: keep the evidence, load the template afresh once, and fail with both paths
+        # if it fails again.
+        saved = _save_generated_module(template)
+        log.warning("template %s: Jinja's generated module did not compile (%s at its line %s: %r); the "
+                    "module generated now saved to %s; loading the template again", template, exc.msg, exc.lineno,
+                    exc.text, saved)
+        environment.cache_clear()
+        try:
+            return environment().get_template(template).render(**params)
+        except SyntaxError as again:
+            from .errors import RenderError
+            raise RenderError(template, f"{again.msg} (generated line {again.lineno}: {again.text!r})",
+                              _save_generated_module(template)) from again
+
+
+def _save_generated_module(template: str) -> Path | None:
+    """Jinja's Python module for a template, written where failed compiles go (None if that fails too)."""
+    try:
+        env = environment()
+        source, filename, _ = env.loader.get_source(env, template)
+        code = env.compile(source, template, filename, raw=True)
+        folder = config.cache_dir() / "failed"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / (template.replace("/", "__") + f"-{hashlib.sha256(code.encode()).hexdigest()[:12]}.py")
+        path.write_text(code)
+        return path
+    except Exception:     # evidence only: never hide the error being reported
+        log.exception("could not save Jinja's generated module of %s", template)
+        return None
 
 
 @functools.lru_cache(maxsize=16)
 def prelude(backend: str, arch: str, warp_size: int) -> str:
-    return environment().get_template(PRELUDE).render(backend=backend, arch=arch, warp_size=warp_size)
+    return render(PRELUDE, {"backend": backend, "arch": arch, "warp_size": warp_size})
 
 
 @functools.lru_cache(maxsize=1)

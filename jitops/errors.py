@@ -40,6 +40,17 @@ class CompileError(JitopsError):
         super().__init__(f"{backend} compile for {target} failed:\n{log.strip()}{where}")
 
 
+class RenderError(JitopsError):
+    """Jinja produced Python that does not compile for a template (not a template syntax error, which
+    Jinja reports itself). Carries the paths of the template and of Jinja's generated module."""
+
+    def __init__(self, template: str, detail: str, generated_path: Path | None):
+        self.template = template
+        self.generated_path = generated_path
+        where = f"\nJinja's generated module saved to: {generated_path}" if generated_path else ""
+        super().__init__(f"rendering template {template} failed twice: {detail}{where}")
+
+
 class LaunchError(JitopsError):
     """A driver call failed while loading or launching a kernel."""
 

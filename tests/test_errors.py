@@ -1,6 +1,8 @@
 """Bad input gets a clear error naming the argument."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,41 @@ def test_unknown_backend_and_target():
         jitops.get_backend("opencl")
     with pytest.raises(BackendUnavailable, match=r"unknown target 'sm_xx'"):
         jitops.get_backend("cuda", target="sm_xx")
+
+
+def test_a_template_whose_generated_module_fails_to_compile(monkeypatch, caplog, tmp_path):
+    """Jinja's generated Python failing to compile (seen once under 8 processes, cause unknown): loaded
+    again once with a warning that keeps the evidence; failing twice raises RenderError naming the
+    template and the saved module."""
+    import logging
+
+    from jitops import codegen, config
+    from jitops.errors import RenderError
+    monkeypatch.setattr(config, "cache_dir", lambda: tmp_path)
+    real = codegen.environment
+    failures = {"left": 1}
+
+    class FlakyEnvironment:
+        def __init__(self, env):
+            self.env, self.loader = env, env.loader
+
+        def compile(self, *args, **kwargs):
+            return self.env.compile(*args, **kwargs)
+
+        def get_template(self, name):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise SyntaxError("invalid syntax. Perhaps you forgot a comma?", ("affine.h.j2", 283, 5, "x y", 283, 8))
+            return self.env.get_template(name)
+
+    flaky = functools.lru_cache(maxsize=1)(lambda: FlakyEnvironment(real.__wrapped__()))
+    monkeypatch.setattr(codegen, "environment", flaky)
+    expected = real().get_template("common/prelude.h.j2").render(backend="cpu", arch="host", warp_size=32)
+    with caplog.at_level(logging.WARNING, logger="jitops.codegen"):
+        got = codegen.render("common/prelude.h.j2", {"backend": "cpu", "arch": "host", "warp_size": 32})
+    assert got == expected
+    assert "did not compile" in caplog.text and "283" in caplog.text
+    assert list((tmp_path / "failed").glob("common__prelude.h.j2-*.py"))
+    failures["left"] = 2
+    with pytest.raises(RenderError, match=r"(?s)common/prelude.h.j2 failed twice.*line 283.*generated module saved to"):
+        codegen.render("common/prelude.h.j2", {"backend": "cpu", "arch": "host", "warp_size": 32})
