@@ -23,7 +23,7 @@ from .api import get_fp32_precision, set_fp32_precision
 from .device import DeviceInfo
 from .device_array import DeviceArray, empty, to_device
 from .errors import (ArgumentError, BackendUnavailable, CompileError, DeviceRequired, EmulatorFault, JitopsError,
-                     LaunchError, ScheduleError)
+                     LaunchError, RenderError, ScheduleError)
 from .ops.base import Schedule
 from .runtime import get_backend, use_backend
 
@@ -48,7 +48,7 @@ __all__ = [
     "__version__", "leaky_relu", "conv2d", "attention", "batch_norm", "group_norm", "layer_norm", "rms_norm",
     "get_backend", "use_backend", "DeviceInfo", "DeviceArray", "empty", "to_device", "Schedule",
     "JitopsError", "ArgumentError", "BackendUnavailable", "CompileError", "DeviceRequired", "EmulatorFault",
-    "LaunchError", "ScheduleError", "tune", "set_benchmark", "load_bundle", "Bundle", "BundleMismatch",
+    "LaunchError", "RenderError", "ScheduleError", "tune", "set_benchmark", "load_bundle", "Bundle", "BundleMismatch",
     "set_fp32_precision", "get_fp32_precision",
 ]
 
