@@ -96,3 +96,38 @@ def test_hf_export_is_rewritten_and_matches(name, attn, dtype):
         tol = 3e-3 if dtype == "float16" else 1e-4
         assert got.shape == ref.shape == (batch, seq, 128) and got.dtype == ref.dtype
         assert max_rel_error(got, ref) < tol and max_rel_error(fallback, ref) < tol, (batch, seq)
+
+
+def test_hf_bert_padding_mask_is_read_as_one_row():
+    """BERT (transformers 5 under torch.export) builds its [B, 1, S, S] mask from position indices and
+    attention_mask: every query row the same. The rewrite passes its first row (a padding mask, one
+    value per key: key_masks), and the result matches ORT on the original with padded batches at sizes
+    the export never saw; a decoder's causal + padding mask keeps its rows (tests above: proved causal)."""
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=256)
+    m = tf.BertModel(cfg).eval()
+    m.config._attn_implementation = "sdpa"
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=200)
+    ids, am = torch.randint(0, 128, (2, 16)), torch.ones(2, 16, dtype=torch.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(m, (ids, am), dynamo=True, verbose=False,
+                                    input_names=["input_ids", "attention_mask"],
+                                    dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    model = onnx.load_from_string(program.model_proto.SerializeToString())
+    rw = jo.rewrite(model)
+    producer = {o: n for n in rw.graph.node for o in n.output}
+    attention = [n for n in rw.graph.node if n.domain == jo.DOMAIN and "Attention" in n.op_type]
+    assert len(attention) == 2 and all(n.op_type.startswith("MaskedAttention") for n in attention)
+    assert all(producer[n.input[3]].op_type == "Slice" for n in attention)
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu")
+    rng = np.random.default_rng(1)
+    for b, s in ((1, 5), (3, 37)):
+        feeds = {"input_ids": rng.integers(0, 128, (b, s)).astype(np.int64), "attention_mask": np.ones((b, s), np.int64)}
+        feeds["attention_mask"][-1, s // 2:] = 0                       # the last sequence padded
+        ref = ort_session(model).run(None, feeds)[0]
+        got = sess.run(None, feeds)[0]                                  # jitops kernels (emulator)
+        fallback = ort_session(rw).run(None, feeds)[0]                  # the bodies
+        assert got.shape == ref.shape == (b, s, 64)
+        assert max_rel_error(got, ref) < 1e-4 and max_rel_error(fallback, ref) < 1e-4, (b, s)

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .causal_masks import causal_mask
+from .key_masks import rows_alike
 from .graph import GraphView
 from .matchers import Candidate, Match, Namer, Rejection, _extra_outputs_used, _same_domain
 from .attention_heads import _head_reshapes, _head_transposes, _mha_heads, _perm, _readers_die_with, _repeated_heads
@@ -186,6 +187,7 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
     value = softmax.input[0]
     prod = view.producer.get(value)
     sc = _Scores(None, [], 1.0)
+    cond = ""
 
     def step(n: Any) -> bool:
         return n is not None and _same_domain(n) and view.only_consumer(value) is not None
@@ -213,6 +215,8 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
         log.info("attention at %s: the mask is causal (proved from shapes): is_causal=1, mask not read",
                  softmax.name or softmax.output[0])
         sc.mask, sc.extra_mask, sc.mask_consts, sc.mask_values = "", [], {}, {}
+    elif sc.mask and rows_alike(view, cond if sc.extra_mask else sc.mask, value):
+        _first_row(view, sc, softmax, namer)   # a padding mask expanded over the query rows (key_masks)
     # torch's SDPA(is_causal=True) exported from a float16 model: the scores cast to float32 before the
     # float32 causal mask, V cast to match, the output float32. The node computes in the inputs' own
     # type (float32 inside, as every attention kernel does) and a Cast after it gives the float32
@@ -321,6 +325,25 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
     inputs = [q, k, v] + ([mask] if mask else [])
     yield Candidate(op_type, covered + k_nodes, inputs, attrs, pv.output[0], constants=sc.mask_consts,
                     extra_nodes=sc.extra_mask + extra, values={**values, **sc.mask_values})
+
+
+def _first_row(view: GraphView, sc: _Scores, softmax: Any, namer: Namer) -> None:
+    """The mask's first row along the query axis in its place (a Slice; rows proved alike by key_masks):
+    the node then sees a padding mask [.., 1, Sk], which the kernels read once per key."""
+    from onnx import helper
+    shape = view.shape(sc.mask) or sc.mask_values.get(sc.mask, (None, ""))[0]
+    dtype = view.dtype(sc.mask) if sc.mask in view.types else sc.mask_values.get(sc.mask, (None, "float32"))[1]
+    name = namer(softmax.output[0], "mask_row")
+    starts, ends, axes = (namer(softmax.output[0], f"mask_row_{n}") for n in ("starts", "ends", "axes"))
+    sc.mask_consts.update({starts: np.array([0], np.int64), ends: np.array([1], np.int64),
+                           axes: np.array([-2], np.int64)})
+    sc.extra_mask.append(helper.make_node("Slice", [sc.mask, starts, ends, axes], [name],
+                                          name=namer(softmax.output[0], "mask_row_slice")))
+    if shape is not None:
+        sc.mask_values[name] = ((*shape[:-2], 1, shape[-1]), dtype)
+    log.info("attention at %s: the mask's rows are alike (a padding mask expanded over the queries): its "
+             "first row is read, one value per key", softmax.name or softmax.output[0])
+    sc.mask = name
 
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:

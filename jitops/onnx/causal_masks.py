@@ -55,7 +55,7 @@ def causal_mask(view: GraphView, mask: str, scores: str, where: tuple[float, boo
     nodes = _subgraph(view, mask)
     if nodes is None:
         return False
-    probes = _sizes(view)
+    probes = probe_sizes(view)
     if not _one_triangle(view, nodes, mask):
         largest = _largest_constant(view, nodes)
         if largest + 3 > GENERAL_LIMIT or "Trilu" in {n.op_type for n in nodes}:
@@ -157,7 +157,7 @@ def _triangular(table: np.ndarray | None) -> bool:
     return not np.all(t == t.reshape(-1)[0]) and (bool(np.all(lower == t)) or bool(np.all(upper == t)))
 
 
-def _sizes(view: GraphView) -> tuple[tuple[int, int], ...]:
+def probe_sizes(view: GraphView) -> tuple[tuple[int, int], ...]:
     """The probes: PROBES when some graph input dim is symbolic, else the one static shape (0, 0)."""
     symbolic = any(d is None for i in view.graph.input if i.name not in view.initializers
                    for d in (view.shape(i.name) or (None,)))
@@ -167,7 +167,7 @@ def _sizes(view: GraphView) -> tuple[tuple[int, int], ...]:
 def probe_views(view: GraphView) -> list[GraphView]:
     """The graph at each probe's sizes (the view itself when its inputs are static): other proofs
     from shapes (attention_heads._repeated_heads) check their dims there too."""
-    return [view if size == (0, 0) else view.at_size(*size) for size in _sizes(view)]
+    return [view if size == (0, 0) else view.at_size(*size) for size in probe_sizes(view)]
 
 
 def _probe(view: GraphView, nodes: list[Any], mask: str, scores: str, size: tuple[int, int],
