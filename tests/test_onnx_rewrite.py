@@ -163,6 +163,22 @@ def test_attention_op_opset23(rng, causal):
     _check(model, {n: _rand(rng, shape) for n in "qkv"}, expect_types=["Attention"])
 
 
+@pytest.mark.skipif(not ort_supports_opset(23), reason="this onnxruntime has no opset 23 (RMSNormalization, Attention)")
+@pytest.mark.parametrize("mask_shape", [(2, 1, 8, 8), (8, 8)])
+def test_attention_op_opset23_boolean_mask(rng, mask_shape):
+    """A boolean attn_mask (True: the key takes part; opset-23 exports of BERT / Llama with an attention
+    mask write one) runs as the additive Where(mask, 0, -inf) inserted before the node."""
+    from onnx import TensorProto, helper
+    shape = (2, 2, 8, 16)
+    model = single_op_model("Attention", {n: shape for n in "qkv"}, {}, {"scale": 0.3}, opset=23, ir_version=11,
+                            node_inputs=["q", "k", "v", "m"])
+    model.graph.input.append(helper.make_tensor_value_info("m", TensorProto.BOOL, mask_shape))
+    mask = rng.random(mask_shape) < 0.7
+    mask[..., 0] = True                              # every query sees a key
+    rw = _check(model, {**{n: _rand(rng, shape) for n in "qkv"}, "m": mask}, expect_types=["MaskedAttention"])
+    assert "Where" in {n.op_type for n in rw.graph.node}
+
+
 def test_dynamic_model_rewritten_for_given_shapes_runs_and_kernel_errors_reach_the_caller(rng):
     model = single_op_model("Conv", {"x": ("N", 2, "H", "W")}, {"w": _rand(rng, (3, 2, 5, 5))},
                             output_shape=("N", 3, "H2", "W2"))

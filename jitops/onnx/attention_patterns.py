@@ -40,7 +40,8 @@ def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> 
         (len(node.input) > 6 and bool(node.input[6]), "nonpad_kv_seqlen"),
         (float(a.get("softcap", 0.0)) != 0.0, "softcap"),
         (_extra_outputs_used(view, node), "present_key / present_value / qk_matmul_output outputs"),
-        (bool(ins[3]) and view.dtype(ins[3]) == "bool", "a boolean attn_mask (jitops takes an additive mask)"),
+        (bool(ins[3]) and view.dtype(ins[3]) == "bool" and view.dtype(ins[0]) not in ("float32", "float16"),
+         f"a boolean attn_mask with {view.dtype(ins[0])} inputs (taken with float16 / float32)"),
     ]
     for bad, what in problems:
         if bad:
@@ -50,9 +51,33 @@ def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> 
     if "scale" in a:
         attrs["scale"] = float(a["scale"])
     if ins[3]:
-        yield Candidate("MaskedAttention", [node], ins[:4], attrs, node.output[0])
+        mask, extra, consts, values = _attention_op_mask(view, ins[3], ins[0], node, namer)
+        yield Candidate("MaskedAttention", [node], [*ins[:3], mask], attrs, node.output[0], constants=consts,
+                        extra_nodes=extra, values=values)
     else:
         yield Candidate("Attention", [node], ins[:3], attrs, node.output[0])
+
+
+def _attention_op_mask(view: GraphView, mask: str, q: str, node: Any, namer: Namer
+                       ) -> tuple[str, list[Any], dict[str, np.ndarray], dict[str, tuple]]:
+    """The Attention op's attn_mask as the jitops node takes it: a boolean mask (True: the key takes part)
+    as the additive Where(mask, 0, -inf) in Q's type. (mask, inserted nodes, their constants, their value
+    types.) Its rows stay even where they are alike (key_masks): the node falls back to the Attention op,
+    whose CPU kernel in ORT (1.32) wants a row per query."""
+    from onnx import helper
+    anchor = node.name or node.output[0]
+    extra: list[Any] = []
+    consts: dict[str, np.ndarray] = {}
+    values: dict[str, tuple] = {}
+    if view.dtype(mask) == "bool":
+        dtype = view.dtype(q)
+        shape = view.shape(mask)
+        zero, hidden, additive = (namer(anchor, n) for n in ("mask_zero", "mask_hidden", "mask_additive"))
+        consts.update({zero: np.zeros((), dtype=dtype), hidden: np.array(-np.inf, dtype=dtype)})
+        extra.append(helper.make_node("Where", [mask, zero, hidden], [additive], name=namer(anchor, "mask_where")))
+        values[additive] = (shape, dtype)
+        mask = additive
+    return mask, extra, consts, values
 
 
 def _scalar_operand(view: GraphView, node: Any) -> tuple[str, float] | None:
@@ -216,7 +241,12 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
                  softmax.name or softmax.output[0])
         sc.mask, sc.extra_mask, sc.mask_consts, sc.mask_values = "", [], {}, {}
     elif sc.mask and rows_alike(view, cond if sc.extra_mask else sc.mask, value):
-        _first_row(view, sc, softmax, namer)   # a padding mask expanded over the query rows (key_masks)
+        # a padding mask expanded over the query rows (key_masks): its first row instead
+        sc.mask, node, consts, values = _first_row(view, sc.mask, softmax.name or softmax.output[0], namer,
+                                                   sc.mask_values)
+        sc.extra_mask.append(node)
+        sc.mask_consts.update(consts)
+        sc.mask_values.update(values)
     # torch's SDPA(is_causal=True) exported from a float16 model: the scores cast to float32 before the
     # float32 causal mask, V cast to match, the output float32. The node computes in the inputs' own
     # type (float32 inside, as every attention kernel does) and a Cast after it gives the float32
@@ -327,23 +357,20 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
                     extra_nodes=sc.extra_mask + extra, values={**values, **sc.mask_values})
 
 
-def _first_row(view: GraphView, sc: _Scores, softmax: Any, namer: Namer) -> None:
-    """The mask's first row along the query axis in its place (a Slice; rows proved alike by key_masks):
-    the node then sees a padding mask [.., 1, Sk], which the kernels read once per key."""
+def _first_row(view: GraphView, mask: str, anchor: str, namer: Namer, values: dict[str, tuple]
+               ) -> tuple[str, Any, dict[str, np.ndarray], dict[str, tuple]]:
+    """The mask's first row along the query axis (rows proved alike by key_masks): (its name, the Slice,
+    the Slice's constants, its value type). The node then sees a padding mask [.., 1, Sk], which the
+    kernels read once per key. `values`: types of values inserted before it (the mask may be one)."""
     from onnx import helper
-    shape = view.shape(sc.mask) or sc.mask_values.get(sc.mask, (None, ""))[0]
-    dtype = view.dtype(sc.mask) if sc.mask in view.types else sc.mask_values.get(sc.mask, (None, "float32"))[1]
-    name = namer(softmax.output[0], "mask_row")
-    starts, ends, axes = (namer(softmax.output[0], f"mask_row_{n}") for n in ("starts", "ends", "axes"))
-    sc.mask_consts.update({starts: np.array([0], np.int64), ends: np.array([1], np.int64),
-                           axes: np.array([-2], np.int64)})
-    sc.extra_mask.append(helper.make_node("Slice", [sc.mask, starts, ends, axes], [name],
-                                          name=namer(softmax.output[0], "mask_row_slice")))
-    if shape is not None:
-        sc.mask_values[name] = ((*shape[:-2], 1, shape[-1]), dtype)
+    shape, dtype = values[mask] if mask in values else (view.shape(mask), view.dtype(mask))
+    name = namer(anchor, "mask_row")
+    starts, ends, axes = (namer(anchor, f"mask_row_{n}") for n in ("starts", "ends", "axes"))
+    consts = {starts: np.array([0], np.int64), ends: np.array([1], np.int64), axes: np.array([-2], np.int64)}
+    node = helper.make_node("Slice", [mask, starts, ends, axes], [name], name=namer(anchor, "mask_row_slice"))
     log.info("attention at %s: the mask's rows are alike (a padding mask expanded over the queries): its "
-             "first row is read, one value per key", softmax.name or softmax.output[0])
-    sc.mask = name
+             "first row is read, one value per key", anchor)
+    return name, node, consts, ({name: ((*shape[:-2], 1, shape[-1]), dtype)} if shape is not None else {})
 
 
 def _where_as_additive_mask(view: GraphView, where: Any, namer: Namer) -> tuple | None:
