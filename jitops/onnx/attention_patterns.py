@@ -60,18 +60,22 @@ def match_attention_op(view: GraphView, node: Any, fuse: bool, namer: Namer) -> 
 
 def _attention_op_mask(view: GraphView, mask: str, q: str, node: Any, namer: Namer
                        ) -> tuple[str, list[Any], dict[str, np.ndarray], dict[str, tuple]]:
-    """The Attention op's attn_mask as the jitops node takes it: a boolean mask (True: the key takes part)
-    as the additive Where(mask, 0, -inf) in Q's type. (mask, inserted nodes, their constants, their value
-    types.) Its rows stay even where they are alike (key_masks): the node falls back to the Attention op,
-    whose CPU kernel in ORT (1.32) wants a row per query."""
+    """The Attention op's attn_mask as the jitops node takes it: its first row where the query rows are
+    alike (key_masks; the fallback body broadcasts it back to a row per query), and a boolean mask (True:
+    the key takes part) as the additive Where(mask, 0, -inf) in Q's type. (mask, inserted nodes, their
+    constants, their value types.)"""
     from onnx import helper
     anchor = node.name or node.output[0]
     extra: list[Any] = []
     consts: dict[str, np.ndarray] = {}
     values: dict[str, tuple] = {}
-    if view.dtype(mask) == "bool":
+    boolean = view.dtype(mask) == "bool"
+    if rows_alike(view, mask, q):
+        mask, row, consts, values = _first_row(view, mask, anchor, namer, {})
+        extra.append(row)
+    if boolean:
         dtype = view.dtype(q)
-        shape = view.shape(mask)
+        shape = values[mask][0] if mask in values else view.shape(mask)
         zero, hidden, additive = (namer(anchor, n) for n in ("mask_zero", "mask_hidden", "mask_additive"))
         consts.update({zero: np.zeros((), dtype=dtype), hidden: np.array(-np.inf, dtype=dtype)})
         extra.append(helper.make_node("Where", [mask, zero, hidden], [additive], name=namer(anchor, "mask_where")))

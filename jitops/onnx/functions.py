@@ -228,8 +228,16 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
         return split + head + body + [_node("Transpose", ["Ybhsd"], ["Y4" if merge else "Y"], perm=perm)] + merge
     if opset >= 23 and attention_op:
         # ONNX Attention where the nodes replaced Attention-23 nodes (4-D; is_causal, default scale);
-        # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts.
-        return [_node("Attention", ["Q", "K", "V"] + (["mask"] if masked else []), ["Y"], refs)]
+        # the MatMul pattern's nodes may be 3-D, which Attention-23 takes only with head counts. The mask
+        # broadcast to a row per query first: the rewrite may pass one row of a mask whose rows are alike
+        # (key_masks), and ORT's CPU Attention kernel wants Sq rows.
+        if not masked:
+            return [_node("Attention", ["Q", "K", "V"], ["Y"], refs)]
+        return [_node("Shape", ["Q"], ["q_dims"]), _const("rows_axis", [2]), _const("one_col", [1]),
+                _node("Gather", ["q_dims", "rows_axis"], ["q_rows"], axis=0),
+                _node("Concat", ["q_rows", "one_col"], ["rows_shape"], axis=0),
+                _node("Expand", ["mask", "rows_shape"], ["mask_rows"]),
+                _node("Attention", ["Q", "K", "V", "mask_rows"], ["Y"], refs)]
     # Otherwise (before opset 23 only the MatMul/Softmax/MatMul pattern is rewritten): explicit scale,
     # and is_causal (a mask the rewrite proved causal, causal_masks) as keys j > i hidden.
     # Grouped-query K and V (fewer heads than Q: the rewrite took repeat_kv in) are repeated first.
