@@ -52,7 +52,7 @@ def causal_mask(view: GraphView, mask: str, scores: str, where: tuple[float, boo
     masked_fill, the additive mask being Where(mask, fill, 0) (fill_first) or Where(mask, 0, fill)."""
     if where is not None and not where[0] <= HIDDEN:
         return False
-    nodes = _subgraph(view, mask)
+    nodes = mask_subgraph(view, mask)
     if nodes is None:
         return False
     probes = probe_sizes(view)
@@ -69,25 +69,32 @@ def causal_mask(view: GraphView, mask: str, scores: str, where: tuple[float, boo
         return False
 
 
-def _subgraph(view: GraphView, value: str) -> list[Any] | None:
+def mask_subgraph(view: GraphView, value: str, data: list[str] | None = None) -> list[Any] | None:
     """The nodes computing `value` from constants and Shape nodes (topological order), or None when
-    any path reads other data, leaves the allowed ops or runs past MAX_NODES."""
+    any path reads other data, leaves the allowed ops or runs past MAX_NODES. With `data` (a list to
+    fill), graph inputs may be read as data too and are appended to it (key_masks)."""
     order: list[Any] = []
     seen: set[str] = set()
+    inputs = {i.name for i in view.graph.input} - set(view.initializers) if data is not None else set()
 
     def visit(name: str) -> bool:
         if not name or name in seen or view.is_constant(name) and view.producer.get(name) is None:
             return True
         seen.add(name)
+        if name in inputs:
+            data.append(name)
+            return True
         node = view.producer.get(name)
         if node is None or node.domain not in ("", "ai.onnx") or len(order) >= MAX_NODES:
             return False      # a graph input read as data, a custom op, or too large to be a mask
         if node.op_type == "Shape":
             # a Shape of a value computed from shapes too (index tensors whose sizes inference leaves
             # open): take that computation in; of anything else (the model's data), a leaf
-            mark, known = len(order), set(seen)
+            mark, known, data_mark = len(order), set(seen), len(data) if data is not None else 0
             if not visit(node.input[0]):
                 del order[mark:]
+                if data is not None:
+                    del data[data_mark:]
                 seen.clear()
                 seen.update(known)
             order.append(node)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .causal_masks import _SHAPE_OPS, MAX_NODES, probe_sizes
+from .causal_masks import mask_subgraph, probe_sizes
 from .graph import GraphView
 
 log = logging.getLogger("jitops.onnx")
@@ -44,57 +44,19 @@ def rows_alike(view: GraphView, mask: str, scores: str) -> bool:
 
 
 def _rows_alike(view: GraphView, mask: str, scores: str) -> bool:
-    found = _subgraph(view, mask)
-    if found is None:
-        return False
-    nodes, data, shaped = found
+    data: list[str] = []
+    nodes = mask_subgraph(view, mask, data)
     if not data or not nodes:
         return False            # shapes and constants only (causal_masks' business), or an input as it is
+    produced = {o for n in nodes for o in n.output}
+    shaped = list(dict.fromkeys(n.input[0] for n in nodes       # values read only by their shapes: fed zeros
+                                if n.op_type == "Shape" and n.input[0] not in produced and n.input[0] not in data))
     rng = np.random.default_rng(0)
     try:
         return all(_probe(view, nodes, data, shaped, mask, scores, size, rng) for size in probe_sizes(view))
     except Exception as exc:       # noqa: BLE001 -- a probe that cannot run proves nothing; keep the mask
         log.debug("mask row probe of %s failed: %s", mask, exc)
         return False
-
-
-def _subgraph(view: GraphView, value: str) -> tuple[list[Any], list[str], list[str]] | None:
-    """(the nodes computing `value` in topological order, the graph inputs they read as data, the values
-    they read only the shapes of), or None when a path leaves the allowed ops or runs past MAX_NODES."""
-    order: list[Any] = []
-    data: list[str] = []
-    shaped: list[str] = []
-    seen: set[str] = set()
-    inputs = {i.name for i in view.graph.input} - set(view.initializers)
-
-    def visit(name: str) -> bool:
-        if not name or name in seen:
-            return True
-        seen.add(name)
-        if name in inputs:
-            data.append(name)
-            return True
-        node = view.producer.get(name)
-        if node is None:
-            return view.is_constant(name)
-        if node.domain not in ("", "ai.onnx") or len(order) >= MAX_NODES:
-            return False
-        if node.op_type == "Shape":
-            # the shape of a value computed here too, else (the model's hidden states) a leaf fed zeros
-            marks, known = (len(order), len(data), len(shaped)), set(seen)
-            if not visit(node.input[0]):
-                del order[marks[0]:], data[marks[1]:], shaped[marks[2]:]
-                seen.clear()
-                seen.update(known)
-                shaped.append(node.input[0])
-        elif node.op_type not in _SHAPE_OPS or any(a.type in (5, 10) for a in node.attribute):
-            return False
-        elif not all(visit(i) for i in node.input):
-            return False
-        order.append(node)
-        return True
-
-    return (order, data, shaped) if visit(value) else None
 
 
 def _random_input(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
