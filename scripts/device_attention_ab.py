@@ -215,6 +215,7 @@ def main() -> int:
             row["us"] = {key: min(ts) for key, ts in times.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "attention_ab.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                    "rows": rows}, f, indent=1)
