@@ -5,10 +5,12 @@ against float64 on the first two heads of batch 0 into a NaN-filled output, then
 entry first in one pass).
 
     python3 scripts/device_attention_padding_mask.py [--out DIR] [--finfo-min] [--pick-only] [--mma]
+        [--variants "release=1;groups=1"] [--shapes "BERT-base b32 S=384,..."]
 
 --finfo-min pads with the dtype's lowest finite value instead of -inf (Hugging Face exports); --pick-only
 times the scheduler's pick and SDPA alone (A/B of two trees in separate processes); --mma takes the A100's
-(sm_80) pick, fused_mma on mma.sync, as the pick (run on this GPU).
+(sm_80) pick, fused_mma on mma.sync, as the pick (run on this GPU); --variants times the pick with these
+parameters changed or added beside it (';' between variants, with --pick-only too); --shapes takes some shapes.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import jitops  # noqa: E402
 from jitops.device import KNOWN_TARGETS  # noqa: E402
 from jitops.ops import get_op  # noqa: E402
 from jitops.errors import ScheduleError  # noqa: E402
-from jitops.ops.base import Schedule, TensorSpec  # noqa: E402
+from jitops.ops.base import Schedule, TensorSpec, parse_value  # noqa: E402
 
 SHAPES = [("BERT-base b32 S=128", (32, 12, 128, 64), 128), ("BERT-base b64 S=128", (64, 12, 128, 64), 128),
           ("BERT-base b32 S=384", (32, 12, 384, 64), 384), ("BERT-large b16 S=512", (16, 16, 512, 64), 512),
@@ -50,12 +52,17 @@ def main() -> int:
     ap.add_argument("--pick-only", action="store_true", help="time the pick and SDPA only")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     ap.add_argument("--mma", action="store_true", help="the A100's pick (fused_mma) as the pick")
+    ap.add_argument("--variants", default="", help="the pick with these parameters: 'name=value,...;...'")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     args = ap.parse_args()
     pad = torch.finfo(torch.float16).min if args.finfo_min else float("-inf")
     op = get_op("attention")
     device = jitops.get_backend().device
     rows, bad = [], 0
+    wanted = set(filter(None, args.shapes.split(",")))
     for name, qs, sk in SHAPES:
+        if wanted and name not in wanted:
+            continue
         kvs = (*qs[:2], sk, qs[3])
         g = torch.Generator(device="cuda").manual_seed(1)
         q, k, v = (torch.randn(s, device="cuda", dtype=torch.float16, generator=g) for s in (qs, kvs, kvs))
@@ -74,6 +81,10 @@ def main() -> int:
             (f"walk{w}", Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=w,
                                        **({"trim": 1} if sk % 128 else {})))
             for w in (2, 4, 8) if w <= -(-qs[2] // 64)])
+        for variant in filter(None, args.variants.split(";")):
+            params = {k: v for k, v in pick.as_dict()["params"].items() if k != "why"}
+            params.update({k: parse_value(v) for k, v in (kv.split("=") for kv in variant.split(","))})
+            scheds.append((variant, Schedule.make(pick.algorithm, **params)))
         ref = reference(q, k, v, mask)
         calls, row = [], {"shape": name, "pick": str(pick)}
         for label, sched in scheds:
@@ -95,6 +106,7 @@ def main() -> int:
         rows.append(row)
         print(f"{name:30} " + "  ".join(f"{lab} {us:7.1f}" for lab, us in row["us"].items())
               + f"   pick {row['pick']}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"attention_padding_mask{args.tag}.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 1 if bad else 0

@@ -675,6 +675,15 @@ def test_scheduler_picks_wgmma_on_hopper_for_long_prefill_only():
                       ((32, 12, 384, 64), 2), ((1, 20, 1500, 64), 2)):
         s = op.heuristic(_hopper_problem(q, q), h100)
         assert s.algorithm == "fused_wgmma" and (s["groups"], s["block_k"], s["tma"]) == (groups, 128, 1), (q, s)
+    # two warpgroups over at most 4 key tiles (BERT-length encoders): buffers released per warp; over longer
+    # keys, with a mask, with 64-key tiles (D > 64) or on one warpgroup: the block barrier per tile
+    for q, kv, mask, release in (((32, 12, 384, 64), None, False, True), ((16, 16, 512, 64), None, False, True),
+                                 ((64, 12, 256, 64), None, False, True), ((16, 16, 640, 64), None, False, False),
+                                 ((1, 20, 1500, 64), None, False, False), ((8, 16, 2048, 64), None, False, False),
+                                 ((32, 12, 384, 64), None, True, False), ((16, 16, 512, 96), None, False, False),
+                                 ((8, 12, 384, 64), None, False, False), ((32, 12, 512, 64), (32, 12, 384, 64), False, True)):
+        s = op.heuristic(_hopper_problem(q, kv or q, mask=mask), h100)
+        assert bool(s.get("release", 0)) == release and ("released per warp" in s.why) == release, (q, mask, s)
     # causal: two warpgroups (one_group is measured without it); a mask of whole rows at D = 64: one
     # warpgroup of 128-key tiles (its two-warpgroup tiles spill at 128 keys and lose at 64, H200)
     for causal, mask, groups in ((True, False, 2), (False, True, 1), (True, True, 2)):

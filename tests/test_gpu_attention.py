@@ -335,7 +335,8 @@ def test_wgmma_tma_loads(dtype, d):
                                         (3, 64, 3, {"release": 1}), (1, 128, 2, {}), (1, 64, 2, {"release": 1}),
                                         (4, 128, 3, {"release": 1, "bounded": 1}),     # the D = 40 pick
                                         (1, 64, 2, {"bounded": 1}),                    # ViT's 197 tokens
-                                        (1, 128, 2, {"bounded": 1}))                   # small grids' pick
+                                        (1, 128, 2, {"bounded": 1}),                   # small grids' pick
+                                        (2, 128, 2, {"release": 1, "bounded": 1}))     # BERT-length encoders' pick
              if fits(d, g, bk, device, ring, False, True)]
     assert plain and (producer or d > 160), f"no TMA tile fits D={d}"
     for sched in producer + plain:
@@ -391,6 +392,22 @@ def test_wgmma_padding_mask(dtype, d):
     short_k, short_v, short_mask = k[:, :, :100].contiguous(), v[:, :, :100].contiguous(), padding_mask(2, 100)
     for sched in (None, Schedule.make("fused_wgmma", groups=1, block_k=128, tma=1, stages=1, q_walk=3, trim=1)):
         check(q, short_k, short_v, mask=short_mask, schedule=sched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wgmma_released_pick_over_short_keys(dtype):
+    """The scheduler's pick for BERT-length encoders (two warpgroups of 128-key tiles over at most 4 key
+    tiles: buffers released per warp, the bounded softmax step) against float64: BERT-base b32 S=384, and
+    a partial last query tile over keys that end inside a tile."""
+    if not hopper():
+        pytest.skip("fused_wgmma needs an sm_90 device")
+    device = jitops.get_backend().device
+    for qs, kvs in (((32, 12, 384, 64), (32, 12, 384, 64)), ((30, 12, 390, 64), (30, 12, 500, 64))):
+        q, k, v = randn(*qs, dtype=dtype), randn(*kvs, dtype=dtype), randn(*kvs, dtype=dtype)
+        s = get_op("attention").heuristic(problem_of(q, k, v), device)
+        assert (s.algorithm, s["groups"], s["block_k"], s.get("release"), s.get("bounded")) == \
+            ("fused_wgmma", 2, 128, 1, 1), s
+        check(q, k, v)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
