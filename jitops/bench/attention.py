@@ -42,6 +42,10 @@ MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
     ("GPT-2 causal S=1024", (8, 12, 1024, 64), (8, 12, 1024, 64), True),
     ("DiT-XL S=1024 D=72", (4, 16, 1024, 72), (4, 16, 1024, 72), False),
     ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True),
+    ("Llama-2-7B prefill B=2 S=4096 causal", (2, 32, 4096, 128), (2, 32, 4096, 128), True),
+    ("B=8 H=16 S=2048 D=128", (8, 16, 2048, 128), (8, 16, 2048, 128), False),          # issue 16's D = 128 pair
+    ("B=8 H=16 S=2048 D=128 causal", (8, 16, 2048, 128), (8, 16, 2048, 128), True),
+    ("BERT-base S=384", (32, 12, 384, 64), (32, 12, 384, 64), False),
     ("BERT-base S=384 padding mask", (32, 12, 384, 64), (32, 12, 384, 64), False),
     ("BERT-large S=512 padding mask", (16, 16, 512, 64), (16, 16, 512, 64), False),
 )
