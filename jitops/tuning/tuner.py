@@ -297,13 +297,13 @@ def _confirm(op: ModuleType, problem: Any, backend: Any, result: TuneResult, win
         w_us, h_us = remeasure(op, problem, [winner.schedule, heur.schedule], backend, reps=opts.final_reps)
     except JitopsError as exc:
         log.warning("%s %s: the confirmation run failed (%s): keeping the heuristic", op.NAME, describe(problem), exc)
-        w_us, h_us = math.inf, 0.0
-    if w_us <= h_us * (1.0 - opts.min_gain):
-        log.info("%s: %s confirmed (%.2f us against the heuristic's %.2f us on fresh buffers)", problem.key(),
-                 winner.schedule, w_us, h_us)
-        return winner
-    log.info("%s: %s won by %.1f%% but not on fresh buffers (%.2f against %.2f us): keeping the heuristic",
-             problem.key(), winner.schedule, 100 * (result.heuristic_us / result.time_us - 1), w_us, h_us)
+    else:
+        if w_us <= h_us * (1.0 - opts.min_gain):
+            log.info("%s: %s confirmed (%.2f us against the heuristic's %.2f us on fresh buffers)", problem.key(),
+                     winner.schedule, w_us, h_us)
+            return winner
+        log.info("%s: %s won by %.1f%% but not on fresh buffers (%.2f against %.2f us): keeping the heuristic",
+                 problem.key(), winner.schedule, 100 * (result.heuristic_us / result.time_us - 1), w_us, h_us)
     result.schedule, result.time_us = heur.schedule, result.heuristic_us
     return heur
 
