@@ -75,7 +75,7 @@ def _attention_op_mask(view: GraphView, mask: str, q: str, node: Any, namer: Nam
         extra.append(row)
     if boolean:
         dtype = view.dtype(q)
-        shape = values[mask][0] if mask in values else view.shape(mask)
+        shape = _value_type(view, mask, values)[0]
         zero, hidden, additive = (namer(anchor, n) for n in ("mask_zero", "mask_hidden", "mask_additive"))
         consts.update({zero: np.zeros((), dtype=dtype), hidden: np.array(-np.inf, dtype=dtype)})
         extra.append(helper.make_node("Where", [mask, zero, hidden], [additive], name=namer(anchor, "mask_where")))
@@ -216,7 +216,7 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
     value = softmax.input[0]
     prod = view.producer.get(value)
     sc = _Scores(None, [], 1.0)
-    cond = ""
+    mask_source = ""      # the value the mask is computed from: the Where's condition, or the added mask
 
     def step(n: Any) -> bool:
         return n is not None and _same_domain(n) and view.only_consumer(value) is not None
@@ -226,14 +226,15 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
         found_where = _where_as_additive_mask(view, prod, namer)
         if found_where is None:
             return None
-        sc.mask, value, sc.extra_mask, sc.mask_consts, sc.mask_values, (cond, fill, fill_first) = found_where
-        sc.causal = causal_mask(view, cond, value, where=(fill, fill_first))
+        sc.mask, value, sc.extra_mask, sc.mask_consts, sc.mask_values, (mask_source, fill, fill_first) = found_where
+        sc.causal = causal_mask(view, mask_source, value, where=(fill, fill_first))
         sc.covered.append(prod)
         prod = view.producer.get(value)
     elif step(prod) and prod.op_type == "Add":
         for i in (0, 1):
             if _leads_to_matmul(view, prod.input[i]):
                 sc.mask, value = prod.input[1 - i], prod.input[i]
+                mask_source = sc.mask
                 sc.causal = causal_mask(view, sc.mask, value)
                 sc.covered.append(prod)
                 prod = view.producer.get(value)
@@ -244,7 +245,7 @@ def _scores_side(view: GraphView, softmax: Any, namer: Namer) -> _Scores | None:
         log.info("attention at %s: the mask is causal (proved from shapes): is_causal=1, mask not read",
                  softmax.name or softmax.output[0])
         sc.mask, sc.extra_mask, sc.mask_consts, sc.mask_values = "", [], {}, {}
-    elif sc.mask and rows_alike(view, cond if sc.extra_mask else sc.mask, value):
+    elif sc.mask and rows_alike(view, mask_source, value):
         # a padding mask expanded over the query rows (key_masks): its first row instead
         sc.mask, node, consts, values = _first_row(view, sc.mask, softmax.name or softmax.output[0], namer,
                                                    sc.mask_values)
@@ -361,13 +362,18 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
                     extra_nodes=sc.extra_mask + extra, values={**values, **sc.mask_values})
 
 
+def _value_type(view: GraphView, name: str, values: dict[str, tuple]) -> tuple:
+    """(shape, dtype) of a value: from `values` where the rewrite inserted it, else from the graph."""
+    return values[name] if name in values else (view.shape(name), view.dtype(name))
+
+
 def _first_row(view: GraphView, mask: str, anchor: str, namer: Namer, values: dict[str, tuple]
                ) -> tuple[str, Any, dict[str, np.ndarray], dict[str, tuple]]:
     """The mask's first row along the query axis (rows proved alike by key_masks): (its name, the Slice,
     the Slice's constants, its value type). The node then sees a padding mask [.., 1, Sk], which the
     kernels read once per key. `values`: types of values inserted before it (the mask may be one)."""
     from onnx import helper
-    shape, dtype = values[mask] if mask in values else (view.shape(mask), view.dtype(mask))
+    shape, dtype = _value_type(view, mask, values)
     name = namer(anchor, "mask_row")
     starts, ends, axes = (namer(anchor, f"mask_row_{n}") for n in ("starts", "ends", "axes"))
     consts = {starts: np.array([0], np.int64), ends: np.array([1], np.int64), axes: np.array([-2], np.int64)}

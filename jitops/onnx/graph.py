@@ -82,6 +82,7 @@ class GraphView:
         self._constants: dict[str, np.ndarray] = {}
         self._dim_params: dict[str, tuple[str | None, ...]] = {}    # symbolic dims by name, as onnx inferred them
         self._sized: dict[tuple[int, int], GraphView] = {}           # at_size's views, by (size, spread)
+        self.proofs: dict[tuple, bool] = {}     # probe results by (kind, values...): once per mask, not per layer
         self._numpy_helper = numpy_helper
         self._onnx = onnx
         self._read_types(_infer(_without_large_data(with_input_shapes(model, input_shapes))))

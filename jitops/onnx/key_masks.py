@@ -36,11 +36,10 @@ def rows_alike(view: GraphView, mask: str, scores: str) -> bool:
     shape = view.shape(mask)
     if shape is None or len(shape) < 2 or shape[-2] == 1:
         return False            # already one row (or unknown rank)
-    memo = view.__dict__.setdefault("_rows_alike", {})     # one probe per mask, however many layers read it
-    key = (mask, view.shape(scores))
-    if key not in memo:
-        memo[key] = _rows_alike(view, mask, scores)
-    return memo[key]
+    key = ("rows_alike", mask, view.shape(scores))       # one probe per mask, however many layers read it
+    if key not in view.proofs:
+        view.proofs[key] = _rows_alike(view, mask, scores)
+    return view.proofs[key]
 
 
 def _rows_alike(view: GraphView, mask: str, scores: str) -> bool:
