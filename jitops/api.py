@@ -14,21 +14,20 @@ from typing import Any, Sequence
 
 from . import engine
 from .engine import MISS, repeat_call
-from .ops.base import Schedule
+from .ops.base import DEFAULT_FP32_PRECISION, FP32_PRECISIONS, Schedule
 
 ScheduleArg = Schedule | str | None
 IntOrPair = int | Sequence[int]
-FP32_PRECISIONS = ("highest", "tf32", "3xtf32")
 
 
 def set_fp32_precision(mode: str) -> None:
-    """Default math for fp32 convolutions whose call gives no `precision` (like torch's allow_tf32):
-    "highest" (exact fp32 kernels, the default), "tf32" (matrix cores on operands rounded to TF32,
-    10-bit mantissa), "3xtf32" (each operand split into TF32 big + small parts, three products:
-    near-fp32 accuracy on the matrix cores). docs/conv2d.md gives each mode's measured error.
+    """Default math for fp32 convolutions and attention whose call gives no `precision` (like torch's
+    allow_tf32): "highest" (exact fp32 kernels, the default), "tf32" (matrix cores on operands rounded
+    to TF32, 10-bit mantissa), "3xtf32" (each operand split into TF32 big + small parts, three products:
+    near-fp32 accuracy on the matrix cores; attention keeps its exact fp32 kernels there).
+    docs/conv2d.md and docs/attention.md give each mode's measured error.
     A change drops the prepared plans (calls without `precision` were planned under the old mode)."""
     from .errors import ArgumentError
-    from .ops.conv2d_problem import DEFAULT_FP32_PRECISION
     if mode not in FP32_PRECISIONS:
         raise ArgumentError("mode", f"one of {', '.join(map(repr, FP32_PRECISIONS))}", repr(mode), op="set_fp32_precision")
     if DEFAULT_FP32_PRECISION[0] != mode:
@@ -37,7 +36,6 @@ def set_fp32_precision(mode: str) -> None:
 
 
 def get_fp32_precision() -> str:
-    from .ops.conv2d_problem import DEFAULT_FP32_PRECISION
     return DEFAULT_FP32_PRECISION[0]
 
 
@@ -90,7 +88,8 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
 
 
 def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = False, scale: float | None = None, *,
-              layout: str | None = None, out: Any = None, schedule: ScheduleArg = None) -> Any:
+              layout: str | None = None, out: Any = None, schedule: ScheduleArg = None,
+              precision: str | None = None) -> Any:
     """softmax(scale * q k^T + mask) v for q of shape [B, Sq, D] or [B, H, Sq, D]; fp32, fp16 or bf16.
 
     k, v: [B, Sk, D] or [B, Hk, Sk, D] with Hk dividing H (grouped-query attention). mask: additive,
@@ -100,16 +99,20 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None, causal: bool | str = Fal
     shapes are [B, Sq, H, D] and [B, Sk, Hk, D] (the result [B, Sq, H, D]), FlashAttention's layout.
     causal: True or "top_left" (key j visible to query i when j <= i, as torch SDPA's is_causal, also
     for Sq != Sk), or "bottom_right" (j <= i + Sk - Sq, for KV caches). Queries that see no key get 0.
+    precision: fp32 math, "highest" | "tf32" | "3xtf32"; None takes set_fp32_precision's mode. "tf32"
+    runs Q K^T and P V on the matrix cores with operands rounded to TF32 (fused_tf32); "3xtf32" and
+    "highest" keep the exact fp32 kernels. Ignored for fp16 / bf16.
     D: 1..256. Algorithms: "fused_wgmma" (sm_90 only, fp16/bf16, D a multiple of 8 up to 256: Hopper's
     warpgroup MMA, picked for long prefill), "fused_mma" (fp16/bf16 on matrix cores: any D, padded inside
-    the kernel; grouped-query heads packed and keys split across blocks for decoding), "fused",
-    "three_stage", "naive".
+    the kernel; grouped-query heads packed and keys split across blocks for decoding), "fused_tf32" (fp32
+    with precision "tf32" on matrix cores, any D), "fused", "three_stage", "naive".
     """
     if out is None and schedule is None and layout is None and (y := repeat_call(
-            "attention", (q, k, v, mask), (causal, scale))) is not MISS:
+            "attention", (q, k, v, mask), (causal, scale, precision))) is not MISS:
         return y
     return engine.run("attention", {"q": q, "k": k, "v": v, "mask": mask},
-                      _with_layout({"causal": causal, "scale": scale}, layout), out=_out("out", out), schedule=schedule)
+                      _with_layout({"causal": causal, "scale": scale, "precision": precision}, layout),
+                      out=_out("out", out), schedule=schedule)
 
 
 def batch_norm(x: Any, mean: Any, var: Any, gamma: Any, beta: Any, eps: float = 1e-5,

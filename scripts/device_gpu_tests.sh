@@ -23,6 +23,7 @@ run attn3 tests/test_gpu_attention.py -k "decode" &
 run conv1 tests/test_gpu_conv2d.py -k "wgmma" &
 run conv2 tests/test_gpu_conv2d.py -k "not wgmma" &
 run misc tests/test_wgmma.py tests/test_gpu_alignment.py tests/test_gpu_norms.py tests/test_gpu_leaky_relu.py \
+  tests/test_gpu_attention_tf32.py \
   tests/test_gpu_streams.py &
 run rest tests/test_gpu_native.py tests/test_gpu_tune.py tests/test_gpu_onnx.py tests/test_gpu_benchmark_mode.py \
   tests/test_ort_gpu_node_path.py &

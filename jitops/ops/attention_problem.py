@@ -24,12 +24,15 @@ import numpy as np
 
 from ..arrays import LAYOUTS, inverse_permutation
 from ..errors import ArgumentError
-from .base import HALF_DTYPES, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype
+from .base import HALF_DTYPES, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype, resolve_precision
 
 NAME = "attention"
 INPUTS = ("q", "k", "v", "mask")
 MAX_HEAD_DIM = 256
 CAUSAL_MODES = ("none", "top_left", "bottom_right")
+# fused_tf32 (precision "tf32"): Q, K, V and P rounded to 11 significant bits (2^-11 relative each); a
+# score's error about 2^-10 of its size, then averaged over the keys in P V (tolerance()).
+TF32_TOLERANCE = 4e-3
 DTYPES = ("float32", *HALF_DTYPES)
 
 
@@ -49,6 +52,7 @@ class AttentionProblem:
     mask_dtype: str | None = None
     q_layout: str = ""             # "" ([B, H, Sq, D] in memory), "bshd" or "sbhd"; out follows q
     kv_layout: str = ""            # the same for k and v
+    precision: str = "highest"     # fp32: "tf32" allows TF32 products (fused_tf32); else exact fp32 math
 
     @property
     def has_mask(self) -> bool:
@@ -109,7 +113,10 @@ class AttentionProblem:
         return {"out": TensorSpec(self.q_shape(), self.dtype, self.q_layout)}
 
     def key(self) -> str:
-        return problem_key(NAME, self.inputs(), {"causal": self.causal, "scale": self.scale})
+        attrs: dict[str, Any] = {"causal": self.causal, "scale": self.scale}
+        if self.precision != "highest":
+            attrs["precision"] = self.precision
+        return problem_key(NAME, self.inputs(), attrs)
 
     def q_strides(self) -> tuple[int, int, int]:
         """Element strides of q (and out) along (b, h, s)."""
@@ -220,9 +227,12 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         if not ok:
             raise ArgumentError("mask", f"a shape that broadcasts to {target} = {full}", f"shape {shape}", op=NAME)
         mask_shape, mask_dtype = shape, mask.dtype
+    precision = resolve_precision(NAME, attrs.get("precision"), q.dtype)
+    if precision == "3xtf32":
+        precision = "highest"      # near-fp32 accuracy asked: the exact fp32 kernels give it
     return AttentionProblem(int(b), int(hq), int(hk), int(sq), int(sk), int(d), q.dtype, rank,
                             _causal_mode(attrs.get("causal", False)), _scale(attrs.get("scale"), int(d)),
-                            mask_shape, mask_dtype, q.layout, k.layout)
+                            mask_shape, mask_dtype, q.layout, k.layout, precision)
 
 
 def _layout_name(layout: str) -> str:
@@ -231,8 +241,8 @@ def _layout_name(layout: str) -> str:
 
 def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     """`jitops compile attention q=8x16x2048x64 [k=...] [mask=2048x2048] dtype=float16 causal=true
-    [layout=bshd]` (shapes logical [B, H, S, D]; bshd: q, k, v stored [B, S, H, D])."""
-    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale", "layout"}
+    [layout=bshd] [precision=tf32]` (shapes logical [B, H, S, D]; bshd: q, k, v stored [B, S, H, D])."""
+    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale", "layout", "precision"}
     extra = set(spec) - allowed
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(allowed))}", op=NAME)
@@ -251,7 +261,7 @@ def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     causal: Any = spec.get("causal", "false")
     causal = {"true": True, "false": False}.get(str(causal).lower(), causal)
     scale = float(spec["scale"]) if "scale" in spec else None
-    return make_problem(inputs, {"causal": causal, "scale": scale})
+    return make_problem(inputs, {"causal": causal, "scale": scale, "precision": spec.get("precision")})
 
 
 # ---- float64 reference, data, tolerances ----
@@ -314,6 +324,8 @@ def tolerance(problem: AttentionProblem, schedule: Any) -> tuple[float, float]:
     bf16: the same two roundings with an 8-bit significand (half an ulp: 2^-9, 8x fp16's), so 8x
     fp16's allowance: 1.6e-2.
     """
+    if problem.dtype == "float32" and getattr(schedule, "algorithm", "") == "fused_tf32":
+        return (TF32_TOLERANCE, TF32_TOLERANCE)
     if problem.dtype == "float32":
         return (2e-5, 2e-5)
     if problem.dtype == "bfloat16":

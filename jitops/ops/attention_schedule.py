@@ -7,6 +7,8 @@ Algorithms:
 - fused_mma: flash-style single pass on the matrix cores (fp16; any D up to 256, padded to a
   multiple of 16 in the kernel; GQA packing, warps splitting keys and split-KV for decoding:
   attention_mma).
+- fused_tf32: the same single pass for fp32 data with TF32 products on the matrix cores, where the
+  call allows TF32 (precision "tf32"; any D up to 256: attention_tf32).
 - fused: the same single pass on the SIMT cores (fp32 math; fp32 or fp16; D in 32, 64, 96, 128).
 - three_stage: scores = scale Q K^T (our GEMM), row softmax (warp per row), out = P V (GEMM);
   the seed's hybrid without BLAS. Any D up to 256; needs a B*H*Sq*Sk fp32 workspace.
@@ -21,6 +23,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
+from .attention_tf32 import plan_tf32, tf32_candidates, tf32_schedule, why_not_tf32
 from .attention_wgmma import plan_wgmma, wgmma_candidates, wgmma_schedule, wgmma_shortlist
 from .attention_wgmma_fit import why_not
 from .attention_wgmma_rules import preferred
@@ -28,11 +31,12 @@ from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Tensor
 
 log = logging.getLogger("jitops.ops.attention")
 
-ALGORITHMS = ("fused_wgmma", "fused_mma", "fused", "three_stage", "naive")
+ALGORITHMS = ("fused_wgmma", "fused_mma", "fused_tf32", "fused", "three_stage", "naive")
 SIMT_HEAD_DIMS = (32, 64, 96, 128)
 LOG2E = 1.4426950408889634
 TEMPLATES = {"naive": "attention/naive.hip.j2", "fused": "attention/fused.hip.j2",
-             "fused_mma": "attention/fused_mma.hip.j2", "fused_wgmma": "attention/fused_wgmma.hip.j2", "gemm": "attention/gemm.hip.j2",
+             "fused_mma": "attention/fused_mma.hip.j2", "fused_wgmma": "attention/fused_wgmma.hip.j2",
+             "fused_tf32": "attention/fused_tf32.hip.j2", "gemm": "attention/gemm.hip.j2",
              "softmax": "attention/softmax.hip.j2"}
 
 
@@ -112,13 +116,16 @@ def _three_stage_schedule(p: AttentionProblem, device: DeviceInfo, why: str = ""
 
 def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | None = None) -> Schedule:
     """fp16/bf16 + matrix cores: fused_wgmma on sm_90 where it applies and wins, else fused_mma
-    (any D); else D in 32/64/96/128: fused; else three_stage. naive only when asked for."""
+    (any D); fp32 with precision "tf32" + matrix cores: fused_tf32 (any D); else D in 32/64/96/128:
+    fused; else three_stage. naive only when asked for."""
     p = problem
     if algorithm is None:
         if p.dtype in MMA_DTYPES and device.matrix_cores:
             if why_not(p, device) is None and preferred(p, device):
                 return wgmma_schedule(p, device)
             return mma_schedule(p, device)
+        if why_not_tf32(p, device) is None:
+            return tf32_schedule(p, device)
         if p.d in SIMT_HEAD_DIMS:
             return _simt_schedule(p, device)
         log.debug("attention D=%d: no fused kernel, three_stage with a %d-byte score workspace", p.d,
@@ -130,6 +137,8 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
         return wgmma_schedule(p, device)
     if algorithm == "fused_mma":
         return mma_schedule(p, device)
+    if algorithm == "fused_tf32":
+        return tf32_schedule(p, device)
     if algorithm == "fused":
         return _simt_schedule(p, device)
     if algorithm == "three_stage":
@@ -165,6 +174,8 @@ def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -
         if p.dtype not in MMA_DTYPES:
             raise ScheduleError(f"attention fused_mma takes {' or '.join(MMA_DTYPES)} inputs, got {p.dtype}: "
                                 f"use 'fused'")
+    if algorithm == "fused_tf32" and why_not_tf32(p, device):
+        raise ScheduleError(f"attention fused_tf32: {why_not_tf32(p, device)}")
     if algorithm == "fused" and p.d not in SIMT_HEAD_DIMS:
         raise ScheduleError(f"attention fused supports head dims {SIMT_HEAD_DIMS}, got D={p.d}: use 'three_stage'")
 
@@ -182,6 +193,8 @@ def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
     if matrix:
         out.extend(mma_candidates(p, device))
         out.extend(wgmma_candidates(p, device))
+    if why_not_tf32(p, device) is None:
+        out.extend(tf32_candidates(p, device))
     # NVIDIA matrix cores beat the SIMT tiles on every fp16 / bf16 shape timed (H100 / H200, 2026-11-22
     # to 25), so there the SIMT kernels stay as one fallback each; AMD is not measured: all tiles stay.
     if p.d in SIMT_HEAD_DIMS and not (matrix and device.backend == "cuda"):
@@ -236,7 +249,7 @@ def plan(problem: AttentionProblem, schedule: Schedule, device: DeviceInfo) -> P
     bh = p.batch * p.heads
     tail = (Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", p.sq), Scalar("i32", p.sk),
             Scalar("i32", p.batch))
-    if algorithm in ("fused", "fused_mma", "fused_wgmma"):
+    if algorithm in ("fused", "fused_mma", "fused_wgmma", "fused_tf32"):
         return _plan_fused(p, schedule, device, scale_log2, tail)
     if algorithm == "three_stage":
         return _plan_three_stage(p, schedule, device, tail)
@@ -263,6 +276,8 @@ def _plan_fused(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, sca
         return plan_wgmma(p, schedule, device, params, _mask_args(p, idx), tail, scale_log2)
     if schedule.algorithm == "fused_mma":
         return plan_mma(p, schedule, device, idx, params, _mask_args(p, idx), tail, scale_log2)
+    if schedule.algorithm == "fused_tf32":
+        return plan_tf32(p, schedule, device, params, _mask_args(p, idx), tail, scale_log2)
     block_q, block_k, tm, tn = (int(schedule[n]) for n in ("block_q", "block_k", "rows_per_thread",
                                                            "cols_per_thread"))
     tc = block_k // tn if tn else 0
@@ -356,11 +371,11 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
     """Problems and schedules reaching every template branch (mask/no mask, causal, dtypes, D)."""
 
     def problem(dtype: str, d: int, mask: bool = False, causal: bool = False, sq: int = 197, sk: int = 77,
-                layout: str = ""):
+                layout: str = "", precision: str = "highest"):
         specs = {"q": TensorSpec((2, 4, sq, d), dtype, layout), "k": TensorSpec((2, 2, sk, d), dtype, layout),
                  "v": TensorSpec((2, 2, sk, d), dtype, layout),
                  "mask": TensorSpec((sq, sk), "float32") if mask else None}
-        return make_problem(specs, {"causal": causal})
+        return make_problem(specs, {"causal": causal, "precision": precision})
 
     out = []
     for dtype in ("float32", "float16"):
@@ -374,6 +389,9 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
             out.append((problem(dtype, d), heuristic(problem(dtype, d), device, "fused")))
         out.append((masked, heuristic(masked, device, "fused")))
     if device.matrix_cores:
+        # fp32 with TF32 products: padded D (72 -> 80), GQA, causal with a mask (the checked softmax step)
+        pr = problem("float32", 72, mask=True, causal=True, precision="tf32")
+        out.append((pr, heuristic(pr, device, "fused_tf32")))
         for d in (40, 64, 256):            # padded D (40 -> 48), the unchecked fast path, Q from shared memory
             pr = problem("float16", d)
             out.append((pr, heuristic(pr, device, "fused_mma")))

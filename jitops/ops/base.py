@@ -240,6 +240,25 @@ class OpModule(Protocol):
     def tolerance(self, problem: Any, schedule: Schedule) -> tuple[float, float]: ...
 
 
+# ---- fp32 math on the matrix cores: one policy for every op with products (conv2d, attention) ----
+
+FP32_PRECISIONS = ("highest", "tf32", "3xtf32")   # exact fp32, TF32 products, three TF32 products
+# What precision=None means: jitops.set_fp32_precision's process-wide mode (it also drops the prepared
+# plans, which were keyed by the call's None). Resolved when a problem is made, so problem keys carry
+# the actual mode.
+DEFAULT_FP32_PRECISION = ["highest"]
+
+
+def resolve_precision(op: str, value: Any, dtype: str) -> str:
+    """A call's `precision` as its problem records it: None -> the process default; always "highest"
+    for 16-bit inputs (exact on the matrix cores already)."""
+    precision = DEFAULT_FP32_PRECISION[0] if value is None else value
+    if precision not in FP32_PRECISIONS:
+        raise ArgumentError("precision", f"one of {', '.join(map(repr, FP32_PRECISIONS))} (or None)", repr(precision),
+                            op=op)
+    return precision if dtype == "float32" else "highest"
+
+
 # ---- helpers shared by op modules ----
 
 def require_dtype(op: str, name: str, spec: TensorSpec, allowed: Sequence[str] = FLOAT_DTYPES) -> None:

@@ -11,15 +11,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, require_dtype, require_rank, \
-    require_same_dtype
+from .base import FLOAT_DTYPES, FP32_PRECISIONS, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, \
+    require_dtype, require_rank, require_same_dtype, resolve_precision
 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
-PRECISIONS = ("highest", "tf32", "3xtf32")   # fp32 math: exact, TF32 matrix cores, 3 TF32 products
-# What precision=None means: jitops.set_fp32_precision's process-wide mode (it also drops the prepared
-# plans, which were keyed by the call's None). Resolved here, so problem keys carry the actual mode.
-DEFAULT_FP32_PRECISION = ["highest"]
+PRECISIONS = FP32_PRECISIONS   # fp32 math: exact, TF32 matrix cores, 3 TF32 products (base.resolve_precision)
 DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
@@ -231,14 +228,7 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
             or not np.isfinite(float(alpha)):
         raise ArgumentError("alpha", "a finite real number", repr(alpha), op=NAME)
 
-    precision = attrs.get("precision", None)
-    if precision is None:
-        precision = DEFAULT_FP32_PRECISION[0]
-    if precision not in PRECISIONS:
-        raise ArgumentError("precision", f"one of {', '.join(map(repr, PRECISIONS))} (or None)", repr(precision),
-                            op=NAME)
-    if x.dtype != "float32":
-        precision = "highest"           # 16-bit inputs are exact on the matrix cores already
+    precision = resolve_precision(NAME, attrs.get("precision", None), x.dtype)
 
     p = Conv2dProblem(int(n), int(cin), int(h), int(wd), int(cout), int(kh), int(kw), stride, pad, dilation,
                       groups, x.dtype, bias is not None, activation,

@@ -1,0 +1,156 @@
+"""fp32 attention with TF32 products (fused_tf32, precision "tf32") on the emulator (warp 32: the
+mma.sync m16n8k8 layouts, warp 64: MFMA's) against float64 into NaN-poisoned outputs, and the
+precision policy that decides when it runs.
+
+Tolerance (attention_problem.TF32_TOLERANCE = 4e-3 of max |reference|): Q, K, V and P rounded to 11
+significant bits (2^-11 each); measured here 3e-4 .. 6e-4, on the H200 2.7e-4 .. 8.1e-4. Every case
+also asks for an error above FLOOR (the exact kernels' few 1e-6), so a kernel that silently skipped
+the rounding, or a scheduler that silently ran the exact kernel, fails.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+import pytest
+
+import jitops
+from jitops.errors import ArgumentError, ScheduleError
+from jitops.ops import get_op
+from jitops.ops.attention_problem import TF32_TOLERANCE, random_inputs, reference
+from jitops.ops.base import Schedule, TensorSpec
+from jitops.runtime import get_backend
+
+op = get_op("attention")
+FLOOR = 2e-5
+
+
+def tile(warps: int, block_k: int, row_groups: int = 1) -> Schedule:
+    return Schedule.make("fused_tf32", warps=warps, block_k=block_k, **({"row_groups": 2} if row_groups == 2 else {}))
+
+
+CASES = {   # q (logical), kv (logical), causal, mask shape, layout, schedule
+    "gqa_d40_fast_step": ((1, 4, 37, 40), (1, 2, 45, 40), False, None, "", tile(2, 32)),
+    "rank3_d24_bottom_right_mask": ((2, 33, 24), (2, 50, 24), "bottom_right", (33, 50), "", tile(1, 16)),
+    "d72_causal_two_row_groups": ((1, 2, 150, 72), (1, 1, 130, 72), True, None, "", tile(2, 32, 2)),
+    "padding_mask_bshd": ((2, 2, 40, 32), (2, 2, 70, 32), False, (2, 1, 1, 70), "bshd", tile(2, 16)),
+}
+
+
+def problem(q, kv, causal=False, mask=None, layout="", precision="tf32", dtype="float32"):
+    specs = {"q": TensorSpec(q, dtype, layout), "k": TensorSpec(kv, dtype, layout), "v": TensorSpec(kv, dtype, layout),
+             "mask": TensorSpec(mask, "float32") if mask else None}
+    return op.make_problem(specs, {"causal": causal, "precision": precision})
+
+
+def run_case(rng, q, kv, causal, mask, layout, schedule) -> float:
+    p = problem(q, kv, causal, mask, layout)
+    data = random_inputs(p, rng)
+    out = np.full(p.outputs()["out"].storage_shape, np.nan, dtype=np.float32)
+    jitops.attention(data["q"], data["k"], data["v"], data.get("mask"), causal=causal, layout=layout or None,
+                     out=out, schedule=schedule, precision="tf32")
+    assert np.isfinite(out).all(), "unwritten or non-finite output"
+    ref = reference(p, data)["out"]
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tf32_numerics(mma_emu, rng, case):
+    err = run_case(rng, *CASES[case])
+    assert FLOOR < err <= TF32_TOLERANCE, f"{case}: {err:.3e}"
+
+
+def test_tf32_fragments_round_to_nearest(mma_emu):
+    """Q and key 0 = rows of 1 + 2^-11 (halfway between two TF32 values: cvt.rna rounds away, to 1 + 2^-10),
+    key 1 = ones, V one-hot: key 0's weight 1 / (1 + 2^(s1 - s0)) shows the rounding (exact fp32 would give
+    scores 8 (1 + 2^-11)^2 and 8 (1 + 2^-11), truncation 8 and 8: weights 1e-3 off)."""
+    q = np.full((1, 1, 16, 8), 1 + 2.0 ** -11, dtype=np.float32)
+    v = np.eye(2, 8, dtype=np.float32)[None, None]
+    k = np.concatenate([q[:, :, :1], np.ones_like(q[:, :, :1])], axis=2)
+    out = jitops.attention(q, k, v, scale=1.0, schedule=tile(1, 16), precision="tf32")
+    s1, s2 = 8 * (1 + 2.0 ** -10) ** 2, 8 * (1 + 2.0 ** -10)
+    w1 = 1 / (1 + np.exp(s2 - s1))
+    assert abs(float(out[0, 0, 0, 0]) - w1) < 2e-6, (float(out[0, 0, 0, 0]), w1)
+
+
+def test_precision_policy_and_keys():
+    h100, a100, rdna = (get_backend(target=t).device for t in ("sm_90", "sm_80", "gfx1100"))
+    shape = (8, 16, 2048, 64)
+    tf32, exact = problem(shape, shape), problem(shape, shape, precision="highest")
+    assert op.heuristic(tf32, h100).algorithm == "fused_tf32"
+    assert op.heuristic(tf32, a100).algorithm == "fused_tf32"
+    assert op.heuristic(exact, h100).algorithm == "fused"
+    assert op.heuristic(tf32, rdna).algorithm == "fused"             # no matrix cores: exact kernels
+    assert problem(shape, shape, precision="3xtf32").precision == "highest"   # exact kernels give near-fp32
+    half = problem(shape, shape, dtype="float16")
+    assert half.precision == "highest" and op.heuristic(half, h100).algorithm == "fused_wgmma"
+    # keys: "highest" keeps the key every earlier record and bundle has; tf32 problems get their own
+    assert "precision" not in exact.key() and "tf32" in tf32.key() and tf32.key() != exact.key()
+    assert not any(s.algorithm == "fused_tf32" for s in op.candidates(exact, h100))
+    assert any(s.algorithm == "fused_tf32" for s in op.candidates(tf32, h100))
+    with pytest.raises(ScheduleError, match="precision='tf32'"):
+        op.heuristic(exact, h100, "fused_tf32")
+    with pytest.raises(ArgumentError, match="precision"):
+        problem(shape, shape, precision="fp8")
+
+
+def test_set_fp32_precision_reaches_attention():
+    shape = (2, 4, 64, 64)
+    try:
+        jitops.set_fp32_precision("tf32")
+        assert op.make_problem({n: TensorSpec(shape, "float32") for n in "qkv"} | {"mask": None}, {}).precision == "tf32"
+    finally:
+        jitops.set_fp32_precision("highest")
+    assert op.make_problem({n: TensorSpec(shape, "float32") for n in "qkv"} | {"mask": None}, {}).precision == "highest"
+
+
+def test_tf32_tiles_by_grid_and_mask():
+    """256-row blocks where they fill their waves, 128-row ones where they do not, 64 rows for small calls;
+    one row group under a mask (two spill there); 64-key tiles at DP = 64 only; D = 256 on 64 rows."""
+    h100 = get_backend(target="sm_90").device
+    pick = lambda q, kv=None, **kw: op.heuristic(problem(q, kv or q, **kw), h100)   # noqa: E731
+    assert pick((8, 16, 2048, 64)).as_dict()["params"] == {"warps": 8, "row_groups": 2, "block_k": 64}
+    assert pick((1, 32, 2048, 128), (1, 8, 2048, 128), causal=True).as_dict()["params"] == \
+        {"warps": 8, "row_groups": 2, "block_k": 32}
+    assert pick((8, 12, 384, 64)).as_dict()["params"] == {"warps": 4, "row_groups": 2, "block_k": 32}
+    assert pick((1, 12, 128, 64)).as_dict()["params"] == {"warps": 4, "block_k": 64}
+    assert pick((8, 12, 384, 64), mask=(8, 1, 1, 384)).as_dict()["params"] == {"warps": 8, "block_k": 64}
+    assert pick((1, 16, 2048, 256), causal=True).as_dict()["params"] == {"warps": 4, "block_k": 32}
+    masked = problem((8, 12, 384, 64), (8, 12, 384, 64), mask=(8, 1, 1, 384))
+    assert all(not s.get("row_groups") for s in op.candidates(masked, h100) if s.algorithm == "fused_tf32")
+    # AMD (64 KiB of shared memory): D = 256 does not fit even one warp's tile: the exact kernels
+    gfx = get_backend(target="gfx90a").device
+    assert op.heuristic(problem((1, 16, 2048, 256), (1, 16, 2048, 256)), gfx).algorithm != "fused_tf32"
+
+
+@pytest.mark.skipif(not (importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc")),
+                    reason="needs NVRTC (cuda-bindings)")
+def test_tf32_picks_compile_without_spills():
+    """The sm_90 picks with the most registers (two row groups at D = 64 / 128, D = 256) compile offline
+    without spills, on m16n8k8 TF32 products."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import nvrtc_ptx
+
+    from jitops import engine
+    h100 = get_backend(target="sm_90").device
+    for q, kv, causal in (((8, 16, 2048, 64), None, False), ((1, 32, 2048, 128), (1, 8, 2048, 128), True),
+                          ((1, 16, 2048, 256), None, True)):
+        p = problem(q, kv or q, causal)
+        launch = op.plan(p, op.heuristic(p, h100), h100).launches[0]
+        ptx, text = nvrtc_ptx(engine.kernel_source(h100, launch), b"-arch=sm_90a", b"-std=c++17", b"-default-device",
+                              b"--ptxas-options=-v")
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
+        assert re.search(r"\b0 bytes spill stores", text), text
+
+
+def test_public_emulator_runs_exact_kernels_under_tf32(emu, rng):
+    """No matrix cores (the public emulator): precision "tf32" is a permission, the exact kernels run."""
+    shape = (1, 2, 20, 32)
+    p = problem(shape, shape)
+    assert op.heuristic(p, emu.device).algorithm == "fused"
+    data = random_inputs(p, rng)
+    out = jitops.attention(data["q"], data["k"], data["v"], precision="tf32")
+    assert np.abs(out - reference(p, data)["out"]).max() <= 2e-5
