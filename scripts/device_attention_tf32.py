@@ -22,7 +22,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 # (name, q [B, H, Sq, D], kv [B, Hk, Sk, D], causal, padding mask)
-SHAPES = [("BERT-base b8 S=384", (8, 12, 384, 64), (8, 12, 384, 64), False, False),
+SHAPES = [("B=256 S=128 D=64 (seed)", (256, 1, 128, 64), (256, 1, 128, 64), False, False),
+          ("BERT-base b8 S=384", (8, 12, 384, 64), (8, 12, 384, 64), False, False),
           ("BERT-base b8 S=384 padding mask", (8, 12, 384, 64), (8, 12, 384, 64), False, True),
           ("BERT-base b1 S=128", (1, 12, 128, 64), (1, 12, 128, 64), False, False),
           ("ViT-B/16 b8 S=197", (8, 12, 197, 64), (8, 12, 197, 64), False, False),

@@ -117,6 +117,8 @@ def test_tf32_tiles_by_grid_and_mask():
         {"warps": 8, "row_groups": 2, "block_k": 32}
     assert pick((8, 12, 384, 64)).as_dict()["params"] == {"warps": 8, "block_k": 64}
     assert pick((1, 12, 128, 64)).as_dict()["params"] == {"warps": 4, "block_k": 64}
+    # 256 blocks of 256 rows fill the waves, but half their rows are past Sq = 128: 128-row blocks
+    assert pick((256, 1, 128, 64)).as_dict()["params"] == {"warps": 8, "block_k": 64}
     assert pick((8, 12, 384, 64), mask=(8, 1, 1, 384)).as_dict()["params"] == {"warps": 8, "block_k": 64}
     assert pick((1, 16, 2048, 256), causal=True).as_dict()["params"] == {"warps": 4, "block_k": 32}
     masked = problem((8, 12, 384, 64), (8, 12, 384, 64), mask=(8, 1, 1, 384))

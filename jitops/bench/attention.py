@@ -1,4 +1,5 @@
-"""attention cases: the seed shape B=256, S=128, D=64 (fp32, fp16) and B=8, H=16, S=2048, D=64 (fp16),
+"""attention cases: the seed shape B=256, S=128, D=64 (fp32, fp32 with TF32 products, fp16) and B=8, H=16,
+S=2048, D=64 (fp16; fp32 with TF32 in the full run),
 plus the attention layers of real models (MODELS, fp16 and bf16; BERT with the padding mask its ONNX exports
 pass, PADDED), against
 torch.nn.functional.scaled_dot_product_attention on the same tensors (enable_gqa for grouped
@@ -52,6 +53,8 @@ MODELS: tuple[tuple[str, tuple, tuple, bool], ...] = (
 # Rows that pass an additive [B, 1, 1, Sk] padding mask (-inf past each batch's length, lengths Sk/2..Sk),
 # as ONNX exports of BERT do: jitops and SDPA both take it.
 PADDED = frozenset(name for name, *_ in MODELS if name.endswith("padding mask"))
+# fp32 rows run with precision "tf32" (fused_tf32: TF32 products on the matrix cores; SDPA in fp32 beside).
+TF32 = frozenset(("B=256 S=128 D=64 TF32", "B=8 H=16 S=2048 D=64 TF32"))
 
 
 def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
@@ -62,20 +65,27 @@ def problems(ctx: Context) -> list[tuple[str, tuple, tuple, str, bool]]:
     seed = (256, 128, 64)
     big = (8, 16, 2048, 64)
     out = [("B=256 S=128 D=64", seed, seed, "float32", False),
+           ("B=256 S=128 D=64 TF32", seed, seed, "float32", False),
            ("B=256 S=128 D=64", seed, seed, "float16", False),
            ("B=8 H=16 S=2048 D=64", big, big, "float16", False)]
     if not ctx.quick:
         out.append(("B=8 H=16 S=2048 causal", big, big, "float16", True))
+        out.append(("B=8 H=16 S=2048 D=64 TF32", big, big, "float32", False))
         for dtype in ("float16", "bfloat16"):
             out.extend((name, q, kv, dtype, causal) for name, q, kv, causal in MODELS)
     return out
 
 
-def _problem(q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, padded: bool = False) -> Any:
+def _precision(name: str) -> str:
+    return "tf32" if name in TF32 else "highest"
+
+
+def _problem(q_shape: tuple, kv_shape: tuple, dtype: str, causal: bool, padded: bool = False,
+             precision: str = "highest") -> Any:
     mask = TensorSpec((kv_shape[0], 1, 1, kv_shape[2]), dtype) if padded else None
     specs = {"q": TensorSpec(q_shape, dtype), "k": TensorSpec(kv_shape, dtype), "v": TensorSpec(kv_shape, dtype),
              "mask": mask}
-    return get_op(OP).make_problem(specs, {"causal": causal, "scale": None})
+    return get_op(OP).make_problem(specs, {"causal": causal, "scale": None, "precision": precision})
 
 
 def padding_mask(torch: Any, kv_shape: tuple, dtype: Any) -> Any:
@@ -165,10 +175,11 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
     mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None
     out = torch.empty_like(q)
     schedule = None if variant == "heuristic" else variant
+    precision = _precision(name)
 
     def check() -> float:
         out.fill_(float("nan"))
-        jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule)
+        jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule, precision=precision)
         ref = torch_reference(torch, q, k, v, causal, mask)
         err = float((out.double() - ref).abs().max() / ref.abs().max())
         rtol, _ = _tolerance(problem, schedule)
@@ -177,7 +188,8 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
         return err
 
     return Case(OP, f"{name} {dtype}", variant,
-                jitops=lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule),
+                jitops=lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule,
+                                                precision=precision),
                 check=check, vendor=sdpa_call(torch, q, k, v, causal, mask), vendor_name="torch.sdpa",
                 bytes=problem.bytes_moved(), flops=problem.flops(),
                 schedule=lambda: _schedule_text(problem, schedule), repeats=_repeats(problem, variant))
@@ -225,7 +237,7 @@ def cases(ctx: Context) -> Iterator[Case]:
     make: Callable[..., Case] = _case_gpu if ctx.on_gpu else _case_cpu
     models = {m[0] for m in MODELS}
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
-        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED)
+        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED, _precision(name))
         for variant in (["heuristic"] if name in models else _variants(ctx, problem)):   # model rows: ours only
             yield make(ctx, name, q_shape, kv_shape, dtype, causal, variant, problem)
 
@@ -243,7 +255,8 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
     device = jitops.get_backend().device
     rows = []
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
-        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED)
+        precision = _precision(name)
+        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED, precision)
         tdt = getattr(torch, dtype)
         q, k, v = (torch.randn(s, device="cuda", dtype=tdt) for s in (q_shape, kv_shape, kv_shape))
         mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None
@@ -262,9 +275,10 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
             if mma and sched.algorithm == "fused" and sched != op.heuristic(problem, device, "fused"):
                 continue      # with matrix cores, only the scheduler's SIMT tile for reference
             out.fill_(float("nan"))
-            jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched)
+            jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched, precision=precision)
             err = float((out.double() - ref).abs().max() / ref.abs().max())
-            us = timer.graph_us(lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched), n=20)
+            us = timer.graph_us(lambda: jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=sched,
+                                                         precision=precision), n=20)
             rows.append({"problem": f"{name} {dtype}", "schedule": str(sched), "error": err, "us": us,
                          "sdpa_us": vendor_us, "ratio": vendor_us / us if us and vendor_us else None,
                          "tflops": problem.flops() / (us * 1e-6) / 1e12 if us else None})

@@ -50,10 +50,11 @@ def why_not_tf32(p: AttentionProblem, device: DeviceInfo) -> str | None:
 def tf32_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     """The tile by the grid it makes (H200, 2026-11-29, `scripts/device_attention_tf32.py`, fp32 prefill
     shapes, every candidate timed in two runs): 8 warps x 2 row groups (256 query rows: each K / V fragment
-    a warp loads serves 32 rows) where those blocks fill at least 85% of their waves (B=8 H=16 S=2048 D=64
+    a warp loads serves 32 rows) where their rows fill at least 85% of their waves (B=8 H=16 S=2048 D=64
     1.05x 8 x 16 rows, 1.40x 4 x 16; Llama-3 1.19x, SD 1.5 D=40 1.15x); 8 warps x 16 rows (128 rows) where
     256-row blocks leave a wave part-empty but 128-row ones fill the device (BERT-base b8 S=384: 60 us in
-    both runs, 83 with 256 rows; 4 x 2 x 16 rows ran 54 in one run and 80 in the other); 4 warps x 16
+    both runs, 83 with 256 rows; 4 x 2 x 16 rows ran 54 in one run and 80 in the other; the seed shape
+    B=256 S=128 D=64, whose 256-row blocks would be half padding: 19.8 us, 29.2 with 256 rows); 4 warps x 16
     rows for small calls (BERT b1). Two row groups only without a mask (the masked step spills there:
     12-112 bytes at D = 64) and up to DP = 128; 64-key tiles at DP = 64 (D = 64 1.24x 32-key tiles;
     D = 40 took 32: 433-446 against 514 us), 32 above (two row groups of D = 128 with 64 keys spill)."""
@@ -63,7 +64,7 @@ def tf32_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
     bk = 64 if dp == 64 else 32
     two = not p.has_mask and dp <= 128
     big = bh * ceil_div(max(p.sq, 1), 256)
-    if two and big / (ceil_div(big, sms) * sms) >= 0.85:
+    if two and bh * p.sq / (256 * ceil_div(big, sms) * sms) >= 0.85:    # rows that do work / rows launched
         warps, groups = 8, 2
     elif bh * ceil_div(max(p.sq, 1), 128) >= sms:
         warps, groups = 8, 1
