@@ -61,6 +61,22 @@ def test_tf32_numerics(mma_emu, rng, case):
     assert FLOOR < err <= TF32_TOLERANCE, f"{case}: {err:.3e}"
 
 
+@pytest.mark.parametrize("q, kv, scale, causal", [((1, 2, 20, 3), (1, 2, 33, 3), -0.7, False),   # D = 3: plain loads;
+                                                   ((1, 1, 17, 1), (1, 1, 5, 1), None, "bottom_right"),  # scale < 0: every
+                                                   ((1, 2, 9, 16), (1, 2, 0, 16), None, False)])   # step checked; no keys
+def test_tf32_edges(mma_emu, rng, q, kv, scale, causal):
+    p = problem(q, kv, causal)
+    p = op.make_problem({n: TensorSpec(s.shape, "float32") for n, s in p.inputs().items()} | {"mask": None},
+                        {"causal": causal, "scale": scale, "precision": "tf32"})
+    data = random_inputs(p, rng)
+    out = np.full(q, np.nan, dtype=np.float32)
+    jitops.attention(data["q"], data["k"], data["v"], causal=causal, scale=scale, out=out, schedule=tile(1, 16),
+                     precision="tf32")
+    ref = reference(p, data)["out"]
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() <= TF32_TOLERANCE * max(np.abs(ref).max(), 1.0)
+
+
 def test_tf32_fragments_round_to_nearest(mma_emu):
     """Q and key 0 = rows of 1 + 2^-11 (halfway between two TF32 values: cvt.rna rounds away, to 1 + 2^-10),
     key 1 = ones, V one-hot: key 0's weight 1 / (1 + 2^(s1 - s0)) shows the rounding (exact fp32 would give
