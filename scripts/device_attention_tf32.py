@@ -33,7 +33,8 @@ SHAPES = [("B=256 S=128 D=64 (seed)", (256, 1, 128, 64), (256, 1, 128, 64), Fals
           ("Llama3-8B prefill", (1, 32, 2048, 128), (1, 8, 2048, 128), True, False),
           ("SD1.5 self D=40", (2, 8, 4096, 40), (2, 8, 4096, 40), False, False),
           ("D=80 B=4 H=16 S=1024", (4, 16, 1024, 80), (4, 16, 1024, 80), False, False),
-          ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True, False)]
+          ("Gemma-7B prefill D=256 causal", (1, 16, 2048, 256), (1, 16, 2048, 256), True, False),
+          ("D=256 B=2 H=8 S=2048", (2, 8, 2048, 256), (2, 8, 2048, 256), False, False)]
 
 
 def graph_us(fn) -> float:

@@ -125,7 +125,7 @@ def test_set_fp32_precision_reaches_attention():
 
 def test_tf32_tiles_by_grid_and_mask():
     """256-row blocks where they fill their waves, 128-row ones (8 x 16) where they do not, 64 rows for small calls;
-    one row group under a mask (two spill there); 64-key tiles at DP = 64 only; D = 256 on 64 rows."""
+    one row group under a mask (two spill there); 64-key tiles at DP = 64 only; D = 256 on 16-key tiles."""
     h100 = get_backend(target="sm_90").device
     pick = lambda q, kv=None, **kw: op.heuristic(problem(q, kv or q, **kw), h100)   # noqa: E731
     assert pick((8, 16, 2048, 64)).as_dict()["params"] == {"warps": 8, "row_groups": 2, "block_k": 64}
@@ -136,7 +136,7 @@ def test_tf32_tiles_by_grid_and_mask():
     # 256 blocks of 256 rows fill the waves, but half their rows are past Sq = 128: 128-row blocks
     assert pick((256, 1, 128, 64)).as_dict()["params"] == {"warps": 8, "block_k": 64}
     assert pick((8, 12, 384, 64), mask=(8, 1, 1, 384)).as_dict()["params"] == {"warps": 8, "block_k": 64}
-    assert pick((1, 16, 2048, 256), causal=True).as_dict()["params"] == {"warps": 4, "block_k": 32}
+    assert pick((1, 16, 2048, 256), causal=True).as_dict()["params"] == {"warps": 8, "block_k": 16}
     masked = problem((8, 12, 384, 64), (8, 12, 384, 64), mask=(8, 1, 1, 384))
     assert all(not s.get("row_groups") for s in op.candidates(masked, h100) if s.algorithm == "fused_tf32")
     # AMD (64 KiB of shared memory): D = 256 does not fit even one warp's tile: the exact kernels
