@@ -1,13 +1,14 @@
 """attention fused_tf32: fp32 attention on the matrix cores with TF32 products (precision "tf32").
 
-The fp32 sibling of fused_mma's prefill path (templates/attention/fused_tf32.hip.j2): one warp per 16
-query rows, K / V tiles double-buffered with async copies, Q K^T and P V as 16 x 16 x 8 products
-(mma.sync m16n8k8 tf32 on NVIDIA sm_80+, v_mfma_f32_16x16x4f32 on AMD CDNA, whose products are exact
-fp32), softmax in fp32. Taken only where the caller allowed TF32 (precision="tf32" or
-jitops.set_fp32_precision("tf32")): operands keep 11 significant bits, as torch's allow_tf32 does
+The fp32 sibling of fused_mma's prefill path (templates/attention/fused_tf32.hip.j2): one or two
+groups of 16 query rows per warp, K / V tiles double-buffered with async copies, Q K^T and P V as
+16 x 16 x 8 products (mma.sync m16n8k8 tf32 on NVIDIA sm_80+, v_mfma_f32_16x16x4f32 on AMD CDNA, whose
+products are exact fp32), softmax in fp32. Taken only where the caller allowed TF32 (precision="tf32"
+or jitops.set_fp32_precision("tf32")): operands keep 11 significant bits, as torch's allow_tf32 does
 for matmuls. Any D up to 256 (padded to a multiple of 16 in shared memory), masks, causal, GQA and
-the heads-inner layouts; no key splits (decoding-sized calls keep the exact SIMT kernels' speed
-class: they are memory-bound).
+the heads-inner layouts. No key splits and no packing of grouped heads: a decoding call (a few query
+rows over long keys) runs one block per (batch, head) over all its keys, as the exact fp32 kernels
+do (not measured against them there).
 """
 from __future__ import annotations
 
