@@ -144,6 +144,24 @@ def test_tf32_tiles_by_grid_and_mask():
     assert op.heuristic(problem((1, 16, 2048, 256), (1, 16, 2048, 256)), gfx).algorithm != "fused_tf32"
 
 
+def test_benchmark_mode_shortlist_times_the_tf32_tiles_that_won():
+    """Benchmark mode's shortlist of an fp32 TF32 pick: the pick first, then distinct tiles that were the
+    fastest somewhere, all planning, at most n; with a mask, one row group only."""
+    h100 = get_backend(target="sm_90").device
+    for q, kv, mask in (((8, 12, 197, 64), None, None), ((8, 16, 2048, 128), None, None),
+                        ((8, 12, 384, 64), None, (8, 1, 1, 384)), ((1, 16, 2048, 256), None, None)):
+        p = problem(q, kv or q, mask=mask)
+        for n in (1, 3, 6):
+            short = op.shortlist(p, h100, n)
+            assert short[0] == op.heuristic(p, h100) and 1 <= len(short) <= n and len(set(short)) == len(short)
+            assert all(s.algorithm == "fused_tf32" for s in short)
+            for s in short:
+                op.plan(p, s, h100)
+        assert len(op.shortlist(p, h100, 6)) >= 2 or q[-1] == 256, op.shortlist(p, h100, 6)
+        if mask:
+            assert not any(s.get("row_groups") for s in op.shortlist(p, h100, 6))
+
+
 @pytest.mark.skipif(not (importlib.util.find_spec("cuda") and importlib.util.find_spec("cuda.bindings.nvrtc")),
                     reason="needs NVRTC (cuda-bindings)")
 def test_tf32_picks_compile_without_spills():

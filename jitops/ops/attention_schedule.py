@@ -23,7 +23,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_mma import MMA_DTYPES, mma_candidates, mma_schedule, plan_mma
 from .attention_problem import AttentionProblem, make_problem
-from .attention_tf32 import plan_tf32, tf32_candidates, tf32_schedule, why_not_tf32
+from .attention_tf32 import plan_tf32, tf32_candidates, tf32_schedule, tf32_shortlist, why_not_tf32
 from .attention_wgmma import plan_wgmma, wgmma_candidates, wgmma_schedule, wgmma_shortlist
 from .attention_wgmma_fit import why_not
 from .attention_wgmma_rules import preferred
@@ -147,11 +147,13 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
 
 
 def shortlist(problem: AttentionProblem, device: DeviceInfo, n: int) -> list[Schedule]:
-    """The heuristic's pick and, for fused_wgmma picks, its nearest plain-TMA neighbours: at most n
-    schedules, what benchmark mode times on a problem's first call. A causal pick whose grid goes by
+    """The heuristic's pick and, for fused_wgmma picks, its nearest plain-TMA neighbours (fused_tf32: the
+    tiles that won somewhere): at most n schedules, what benchmark mode times on a problem's first call. A causal pick whose grid goes by
     groups of heads (`causal_head_group`) has the all-heads order second, so timing settles the rule's
     thresholds on the machine at hand. Other picks stand alone."""
     pick = heuristic(problem, device)
+    if pick.algorithm == "fused_tf32":
+        return tf32_shortlist(problem, device, n)
     if pick.algorithm != "fused_wgmma" or not int(pick.get("tma", 0)) or int(pick.get("producer", 0)):
         return [pick]
     out = wgmma_shortlist(problem, device, pick, n)

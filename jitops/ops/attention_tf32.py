@@ -24,6 +24,8 @@ BLOCK_KS = (32, 64)
 # largest first; the last fits D = 256 in 51 KiB. D = 256 on an H200 (2026-11-29): 8 warps x 16 keys 1.50x
 # 4 x 32 (Gemma-7B causal 511 against 766 us), 1.71x non-causal.
 FALLBACK_TILES = ((8, 16, 1), (4, 32, 1), (4, 16, 1), (2, 16, 1), (1, 16, 1))
+# (warps, block_k, row_groups) that were the fastest candidate on at least one fp32 shape (H200, 2026-11-29)
+SHORTLIST_TILES = frozenset({(8, 64, 2), (8, 32, 2), (8, 64, 1), (4, 64, 2), (4, 32, 2), (4, 32, 1), (8, 16, 1)})
 
 
 def padded_dim(d: int) -> int:
@@ -93,6 +95,20 @@ def tf32_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
            and (g == 1 or not p.has_mask and (padded_dim(p.d) <= 64 or padded_dim(p.d) <= 128 and bk == 32))]
     pick = tf32_schedule(p, device)
     return out if pick in out else [pick, *out]
+
+
+def tf32_shortlist(p: AttentionProblem, device: DeviceInfo, n: int) -> list[Schedule]:
+    """Benchmark mode's schedules: the pick, then the tiles that won elsewhere in the H200 runs (8 x 2 x 16
+    rows, 8 x 16, 4 x 2 x 16 and 4 x 16 rows: each the fastest on some shape, the pick 0.89-1.00x of the
+    fastest), at most n, each planning on this device."""
+    pick = tf32_schedule(p, device)
+    out = [pick]
+    for s in tf32_candidates(p, device):
+        if len(out) >= n:
+            break
+        if s not in out and (int(s["warps"]), int(s["block_k"]), int(s.get("row_groups", 1))) in SHORTLIST_TILES:
+            out.append(s)
+    return out
 
 
 def plan_tf32(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
