@@ -56,6 +56,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"launcher     {'unavailable (Python repeat path)' if launcher is None else fastlaunch.origin}")
     n = config.benchmark_candidates()
     print(f"benchmark    {f'on: first calls time up to {n} schedules ({config.ENV_BENCHMARK})' if n else 'off'}")
+    from .api import get_fp32_precision
+    mode = get_fp32_precision()
+    print(f"fp32 math    {mode}" + ("  (exact; jitops.set_fp32_precision('tf32') allows TF32 products)"
+                                    if mode == "highest" else "  (conv2d and attention calls without precision=)"))
     return 0
 
 

@@ -17,6 +17,7 @@ def test_info(capsys, monkeypatch):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "backend      cpu" in out and "cache" in out and "nvrtc" in out and "benchmark    off" in out
+    assert "fp32 math    highest" in out
     monkeypatch.setenv("JITOPS_BENCHMARK", "4")
     assert main(["info"]) == 0
     assert "benchmark    on: first calls time up to 4 schedules" in capsys.readouterr().out
