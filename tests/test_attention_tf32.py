@@ -192,3 +192,30 @@ def test_public_emulator_runs_exact_kernels_under_tf32(emu, rng):
     data = random_inputs(p, rng)
     out = jitops.attention(data["q"], data["k"], data["v"], precision="tf32")
     assert np.abs(out - reference(p, data)["out"]).max() <= 2e-5
+
+
+def test_benchmark_mode_on_a_tf32_problem(mma_emu, isolated, rng):
+    """A first call with benchmark mode on times the fused_tf32 shortlist on the device at hand (here the
+    emulator's software fragments), checks each tile against the pick's output with the TF32 tolerance,
+    and records the fastest under the problem's tf32 key; the result is TF32-accurate."""
+    import json
+
+    from jitops import config
+    from jitops.tuning import benchmark
+    shape = (1, 2, 40, 32)
+    p = problem(shape, shape)
+    short = op.shortlist(p, mma_emu.device, 3)
+    assert len(short) == 3 and all(s.algorithm == "fused_tf32" for s in short)
+    data = random_inputs(p, rng)
+    try:
+        jitops.set_benchmark(3)
+        out = jitops.attention(data["q"], data["k"], data["v"], precision="tf32")
+    finally:
+        jitops.set_benchmark(False)
+        config._benchmark[0] = None
+        benchmark._told.clear()
+    err = float(np.abs(out - reference(p, data)["out"]).max())
+    assert FLOOR < err <= TF32_TOLERANCE
+    rec, = json.loads(isolated[0].read_text())["records"]
+    assert rec["problem"] == p.key() and "tf32" in rec["problem"] and rec["shortlist"] == 3
+    assert rec["check"]["passed"] and Schedule.from_dict(rec["schedule"]) in short
