@@ -25,7 +25,8 @@ def set_fp32_precision(mode: str) -> None:
     allow_tf32): "highest" (exact fp32 kernels, the default), "tf32" (matrix cores on operands rounded
     to TF32, 10-bit mantissa), "3xtf32" (each operand split into TF32 big + small parts, three products:
     near-fp32 accuracy on the matrix cores; attention keeps its exact fp32 kernels there).
-    docs/conv2d.md and docs/attention.md give each mode's measured error.
+    docs/conv2d.md and docs/performance.md ("fp32 on the matrix cores with TF32 products") give each
+    mode's measured error.
     A change drops the prepared plans (calls without `precision` were planned under the old mode)."""
     from .errors import ArgumentError
     if mode not in FP32_PRECISIONS:

@@ -38,10 +38,10 @@ CASES = {   # q (logical), kv (logical), causal, mask shape, layout, schedule
 }
 
 
-def problem(q, kv, causal=False, mask=None, layout="", precision="tf32", dtype="float32"):
+def problem(q, kv, causal=False, mask=None, layout="", precision="tf32", dtype="float32", scale=None):
     specs = {"q": TensorSpec(q, dtype, layout), "k": TensorSpec(kv, dtype, layout), "v": TensorSpec(kv, dtype, layout),
              "mask": TensorSpec(mask, "float32") if mask else None}
-    return op.make_problem(specs, {"causal": causal, "precision": precision})
+    return op.make_problem(specs, {"causal": causal, "precision": precision, "scale": scale})
 
 
 def run_case(rng, q, kv, causal, mask, layout, schedule) -> float:
@@ -65,9 +65,7 @@ def test_tf32_numerics(mma_emu, rng, case):
                                                    ((1, 1, 17, 1), (1, 1, 5, 1), None, "bottom_right"),  # scale < 0: every
                                                    ((1, 2, 9, 16), (1, 2, 0, 16), None, False)])   # step checked; no keys
 def test_tf32_edges(mma_emu, rng, q, kv, scale, causal):
-    p = problem(q, kv, causal)
-    p = op.make_problem({n: TensorSpec(s.shape, "float32") for n, s in p.inputs().items()} | {"mask": None},
-                        {"causal": causal, "scale": scale, "precision": "tf32"})
+    p = problem(q, kv, causal, scale=scale)
     data = random_inputs(p, rng)
     out = np.full(q, np.nan, dtype=np.float32)
     jitops.attention(data["q"], data["k"], data["v"], causal=causal, scale=scale, out=out, schedule=tile(1, 16),

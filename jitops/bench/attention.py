@@ -175,7 +175,7 @@ def _case_gpu(ctx: Context, name: str, q_shape: tuple, kv_shape: tuple, dtype: s
     mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None
     out = torch.empty_like(q)
     schedule = None if variant == "heuristic" else variant
-    precision = _precision(name)
+    precision = problem.precision
 
     def check() -> float:
         out.fill_(float("nan"))
@@ -255,8 +255,8 @@ def sweep(quick: bool = False) -> list[dict[str, Any]]:
     device = jitops.get_backend().device
     rows = []
     for name, q_shape, kv_shape, dtype, causal in problems(ctx):
-        precision = _precision(name)
-        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED, precision)
+        problem = _problem(q_shape, kv_shape, dtype, causal, name in PADDED, _precision(name))
+        precision = problem.precision
         tdt = getattr(torch, dtype)
         q, k, v = (torch.randn(s, device="cuda", dtype=tdt) for s in (q_shape, kv_shape, kv_shape))
         mask = padding_mask(torch, kv_shape, tdt) if name in PADDED else None

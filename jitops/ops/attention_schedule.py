@@ -148,8 +148,8 @@ def heuristic(problem: AttentionProblem, device: DeviceInfo, algorithm: str | No
 
 def shortlist(problem: AttentionProblem, device: DeviceInfo, n: int) -> list[Schedule]:
     """The heuristic's pick and, for fused_wgmma picks, its nearest plain-TMA neighbours (fused_tf32: the
-    tiles that won somewhere): at most n schedules, what benchmark mode times on a problem's first call. A causal pick whose grid goes by
-    groups of heads (`causal_head_group`) has the all-heads order second, so timing settles the rule's
+    tiles that won somewhere): at most n schedules, what benchmark mode times on a problem's first call.
+    A causal pick whose grid goes by groups of heads (`causal_head_group`) has the all-heads order second, so timing settles the rule's
     thresholds on the machine at hand. Other picks stand alone."""
     pick = heuristic(problem, device)
     if pick.algorithm == "fused_tf32":
@@ -176,8 +176,8 @@ def _check_applicable(p: AttentionProblem, device: DeviceInfo, algorithm: str) -
         if p.dtype not in MMA_DTYPES:
             raise ScheduleError(f"attention fused_mma takes {' or '.join(MMA_DTYPES)} inputs, got {p.dtype}: "
                                 f"use 'fused'")
-    if algorithm == "fused_tf32" and why_not_tf32(p, device):
-        raise ScheduleError(f"attention fused_tf32: {why_not_tf32(p, device)}")
+    if algorithm == "fused_tf32" and (reason := why_not_tf32(p, device)):
+        raise ScheduleError(f"attention fused_tf32: {reason}")
     if algorithm == "fused" and p.d not in SIMT_HEAD_DIMS:
         raise ScheduleError(f"attention fused supports head dims {SIMT_HEAD_DIMS}, got D={p.d}: use 'three_stage'")
 

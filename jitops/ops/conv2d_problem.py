@@ -11,12 +11,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArgumentError
-from .base import FLOAT_DTYPES, FP32_PRECISIONS, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, \
+from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, \
     require_dtype, require_rank, require_same_dtype, resolve_precision
 
 NAME = "conv2d"
 ACTIVATIONS = ("relu", "leaky_relu")
-PRECISIONS = FP32_PRECISIONS   # fp32 math: exact, TF32 matrix cores, 3 TF32 products (base.resolve_precision)
 DTYPES = FLOAT_DTYPES + ("bfloat16",)
 
 
@@ -41,7 +40,7 @@ class Conv2dProblem:
     alpha: float
     has_residual: bool = False              # y = act(conv + bias + residual), residual shaped like y
     layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
-    precision: str = "highest"              # fp32 only (PRECISIONS); always "highest" for 16-bit types
+    precision: str = "highest"              # fp32 only (base.FP32_PRECISIONS); always "highest" for 16-bit types
     w_layout: str = ""                      # "nhwc": OIHW weights stored O, H, W, I (channels_last torch weights)
 
     # ---- derived sizes
