@@ -6,7 +6,10 @@ error relative to max |reference|), then timed with CUDA-graph replay (median of
 calls) in rotated passes, best pass of each, beside torch SDPA in fp32 (its default backend) and
 SDPA's math backend with TF32 matmuls allowed (what a torch user gets from allow_tf32).
 
-    python3 scripts/device_attention_tf32.py [--shapes NAME,...] [--out DIR]
+    python3 scripts/device_attention_tf32.py [--shapes NAME,...] [--wgmma] [--passes N] [--out DIR]
+
+--wgmma times the pick, the mma.sync tiles of SHORTLIST_TILES and every wgmma=1 candidate (sm_90);
+--passes N times N rotated passes instead of one per schedule; --picks times only the two picks and SDPA.
 """
 from __future__ import annotations
 
@@ -47,6 +50,16 @@ def graph_us(fn) -> float:
     return us
 
 
+def label_of(s) -> str:
+    if int(s.get("wgmma", 0)):
+        return f"tf32 wgmma {s.get('groups')}wg x {s.get('block_k')} s{s.get('stages')}"
+    return f"tf32 {s.get('warps')}w{'x2' if s.get('row_groups') else ''} x {s.get('block_k')}"
+
+
+def tile_of(s) -> tuple:
+    return (int(s.get("warps", 0)), int(s.get("block_k", 0)), int(s.get("row_groups", 1)))
+
+
 def reference(q, k, v, mask, causal):
     """float64 output of batch 0, query heads 0 and 1 (jitops' reference)."""
     from jitops.ops import get_op
@@ -66,6 +79,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", help="comma-separated shape names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--wgmma", action="store_true", help="the pick, the shortlist tiles and the wgmma=1 candidates")
+    ap.add_argument("--passes", type=int, default=0, help="rotated timing passes (default: one per schedule)")
+    ap.add_argument("--picks", action="store_true", help="only the picks (TF32 and exact) beside SDPA")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -74,6 +90,7 @@ def main() -> int:
     from jitops.errors import CompileError, ScheduleError
     from jitops.ops import get_op
     from jitops.ops.attention_problem import TF32_TOLERANCE
+    from jitops.ops.attention_tf32 import SHORTLIST_TILES
     from jitops.ops.base import TensorSpec
     op = get_op("attention")
     device = jitops.get_backend().device
@@ -94,8 +111,9 @@ def main() -> int:
         p_exact = op.make_problem(specs, {"causal": causal, "precision": "highest"})
         pick = op.heuristic(p_tf32, device)
         scheds = [("tf32 pick", "tf32", pick)]
-        scheds += [(f"tf32 {s.get('warps')}w{'x2' if s.get('row_groups') else ''} x {s.get('block_k')}", "tf32", s)
-                   for s in op.candidates(p_tf32, device) if s.algorithm == "fused_tf32" and s != pick]
+        scheds += [(label_of(s), "tf32", s) for s in op.candidates(p_tf32, device)
+                   if s.algorithm == "fused_tf32" and s != pick and not args.picks
+                   and (not args.wgmma or int(s.get("wgmma", 0)) or tile_of(s) in SHORTLIST_TILES)]
         scheds.append(("exact pick", "highest", op.heuristic(p_exact, device)))
         ref = reference(q, k, v, mask, causal)
         scale = float(np.abs(ref).max())
@@ -135,7 +153,8 @@ def main() -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         calls.append(("sdpa math tf32", sdpa_math_tf32))
         times: dict = {label: [] for label, _ in calls}
-        for n in range(len(calls)):
+        for n in range(args.passes or len(calls)):
+            n %= len(calls)
             for label, call in calls[n:] + calls[:n]:
                 times[label].append(graph_us(call))
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -19,6 +19,7 @@ import jitops
 from jitops.errors import ArgumentError, ScheduleError
 from jitops.ops import get_op
 from jitops.ops.attention_problem import TF32_TOLERANCE, random_inputs, reference
+from jitops.ops.attention_tf32 import mma_tf32_schedule
 from jitops.ops.base import Schedule, TensorSpec
 from jitops.runtime import get_backend
 
@@ -122,10 +123,10 @@ def test_set_fp32_precision_reaches_attention():
 
 
 def test_tf32_tiles_by_grid_and_mask():
-    """256-row blocks where they fill their waves, 128-row ones (8 x 16) where they do not, 64 rows for small calls;
+    """The mma.sync tile (the pick off sm_90 and off the wgmma form's region): 256-row blocks where they fill their waves, 128-row ones (8 x 16) where they do not, 64 rows for small calls;
     one row group under a mask (two spill there); 64-key tiles at DP = 64 only; D = 256 on 16-key tiles."""
     h100 = get_backend(target="sm_90").device
-    pick = lambda q, kv=None, **kw: op.heuristic(problem(q, kv or q, **kw), h100)   # noqa: E731
+    pick = lambda q, kv=None, **kw: mma_tf32_schedule(problem(q, kv or q, **kw), h100)   # noqa: E731
     assert pick((8, 16, 2048, 64)).as_dict()["params"] == {"warps": 8, "row_groups": 2, "block_k": 64}
     assert pick((1, 32, 2048, 128), (1, 8, 2048, 128), causal=True).as_dict()["params"] == \
         {"warps": 8, "row_groups": 2, "block_k": 32}
@@ -140,6 +141,30 @@ def test_tf32_tiles_by_grid_and_mask():
     # AMD (64 KiB of shared memory): D = 256 does not fit even one warp's tile: the exact kernels
     gfx = get_backend(target="gfx90a").device
     assert op.heuristic(problem((1, 16, 2048, 256), (1, 16, 2048, 256)), gfx).algorithm != "fused_tf32"
+
+
+def test_tf32_wgmma_region_and_tiles():
+    """sm_90: the wgmma form for encoder-length calls (D <= 64, keys <= 512, no causal masking), its warpgroups
+    by the grid; long keys, causal calls, D > 64 and other devices keep the mma.sync tile; every candidate plans."""
+    h100, a100 = (get_backend(target=t).device for t in ("sm_90", "sm_80"))
+    pick = lambda q, kv=None, **kw: op.heuristic(problem(q, kv or q, **kw), h100).as_dict()["params"]   # noqa: E731
+    assert pick((8, 12, 384, 64)) == {"wgmma": 1, "groups": 3, "block_k": 64, "stages": 2}
+    assert pick((8, 12, 384, 64), mask=(8, 1, 1, 384)) == {"wgmma": 1, "groups": 3, "block_k": 64, "stages": 2}
+    assert pick((256, 1, 128, 64)) == {"wgmma": 1, "groups": 2, "block_k": 32, "stages": 2}      # 192 rows: 2/3 padding
+    assert pick((8, 12, 197, 64)) == {"wgmma": 1, "groups": 2, "block_k": 32, "stages": 2}
+    assert pick((1, 12, 128, 64)) == {"wgmma": 1, "groups": 1, "block_k": 64, "stages": 2}       # 12 heads: one wave
+    for q, kv, kw in (((1, 20, 1500, 64), None, {}), ((8, 12, 384, 64), None, {"causal": True}),
+                      ((4, 16, 384, 80), None, {}), ((2, 8, 40, 64), None, {})):
+        assert "wgmma" not in pick(q, kv, **kw), (q, kw)
+    assert "wgmma" not in op.heuristic(problem((8, 12, 384, 64), (8, 12, 384, 64)), a100).as_dict()["params"]
+    p = problem((2, 4, 197, 72), (2, 2, 77, 72), causal=True, mask=(197, 77))
+    wg = [s for s in op.candidates(p, h100) if s.get("wgmma")]
+    assert wg and all(op.plan(p, s, h100).launches[0].shared_bytes <= h100.shared_per_block_optin for s in wg)
+    assert not [s for s in op.candidates(p, a100) if s.get("wgmma")]
+    with pytest.raises(ScheduleError, match="shared memory"):
+        op.plan(p, Schedule.make("fused_tf32", wgmma=1, groups=3, block_k=128, stages=4), h100)
+    with pytest.raises(ScheduleError, match="sm_90"):
+        op.plan(p, Schedule.make("fused_tf32", wgmma=1, groups=2, block_k=64, stages=2), a100)
 
 
 def test_benchmark_mode_shortlist_times_the_tf32_tiles_that_won():
@@ -164,7 +189,7 @@ def test_benchmark_mode_shortlist_times_the_tf32_tiles_that_won():
                     reason="needs NVRTC (cuda-bindings)")
 def test_tf32_picks_compile_without_spills():
     """The sm_90 picks with the most registers (two row groups at D = 64 / 128, D = 256) compile offline
-    without spills, on m16n8k8 TF32 products."""
+    without spills, on m16n8k8 TF32 products; so do the wgmma form's (m64nNk8 TF32, no serialized wgmma)."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent))
@@ -180,6 +205,17 @@ def test_tf32_picks_compile_without_spills():
                               b"--ptxas-options=-v")
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
         assert re.search(r"\b0 bytes spill stores", text), text
+    # the wgmma form's picks and its largest-register candidate (3 warpgroups at 512 threads: 128 registers)
+    for p, s in ((problem((8, 12, 384, 64), (8, 12, 384, 64)), None),
+                 (problem((1, 12, 128, 64), (1, 12, 128, 64), mask=(1, 1, 1, 128)), None),
+                 (problem((4, 16, 384, 64), (4, 16, 384, 64)), Schedule.make("fused_tf32", wgmma=1, groups=3, block_k=64,
+                                                                              stages=3))):
+        launch = op.plan(p, s or op.heuristic(p, h100), h100).launches[0]
+        assert dict(launch.params).get("groups")
+        ptx, text = nvrtc_ptx(engine.kernel_source(h100, launch), b"-arch=sm_90a", b"-std=c++17", b"-default-device",
+                              b"--ptxas-options=-v")
+        assert "k8.f32.tf32.tf32" in ptx and "wgmma.mma_async" in ptx and "cvt.rna.tf32.f32" in ptx
+        assert re.search(r"\b0 bytes spill stores", text) and "C75" not in text, text
 
 
 def test_public_emulator_runs_exact_kernels_under_tf32(emu, rng):

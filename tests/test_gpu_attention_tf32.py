@@ -88,3 +88,46 @@ def test_fp32_precision_switch_on_gpu():
     finally:
         jitops.set_fp32_precision("highest")
     assert error(q, k, v, precision=None) <= 2e-5
+
+
+def wgmma_schedules() -> list:
+    """The wgmma form's small tiles (sm_90 only): one / two / three consumer warpgroups, 32 / 64-key tiles,
+    rings of 2-4 buffers (1-3 tiles copied ahead)."""
+    if not jitops.get_backend().device.hopper:
+        pytest.skip("wgmma needs an sm_90 device")
+    from jitops.ops.base import Schedule
+    return [Schedule.make("fused_tf32", wgmma=1, groups=g, block_k=bk, stages=st)
+            for g, bk, st in ((1, 32, 2), (2, 64, 2), (3, 32, 3), (2, 32, 4), (1, 64, 3))]
+
+
+@pytest.mark.parametrize("d", [20, 42, 64, 72])
+def test_tf32_wgmma_odd_dims_views_and_unaligned(d):
+    """Head dims off multiples of 8 (20 -> 24) and of 4 (42: plain loads), [B, S, H, D] views read in place,
+    inputs off 16-byte alignment, partial query / key tiles, GQA, both causal diagonals."""
+    x = torch.randn(2, 70, 4, d, device="cuda")
+    view = x.transpose(1, 2)
+    flat = torch.randn(1 + 2 * 4 * 50 * d, device="cuda")
+    u = flat[1:].view(2, 4, 50, d)
+    q = torch.randn(1, 4, 97, d, device="cuda")
+    k, v = (torch.randn(1, 2, 131, d, device="cuda") for _ in range(2))
+    for s in wgmma_schedules():
+        assert FLOOR < error(view, view, view, causal=True, schedule=s) <= TF32_TOLERANCE, s
+        assert FLOOR < error(u, u, u, schedule=s) <= TF32_TOLERANCE, s
+        for causal in (False, "top_left", "bottom_right"):
+            assert FLOOR < error(q, k, v, causal=causal, schedule=s) <= TF32_TOLERANCE, (s, causal)
+
+
+def test_tf32_wgmma_large_scores_and_empty_rows():
+    """Scores far apart (the lazy running max must move) and query rows that see no key (zeros)."""
+    q, k, v = (torch.randn(1, 2, 200, 64, device="cuda") for _ in range(3))
+    q *= 6.0
+    mask = torch.zeros(200, 200, device="cuda")
+    mask[:10] = float("-inf")                                    # the first 10 queries see nothing
+    for s in wgmma_schedules():
+        out = torch.full_like(q, float("nan"))
+        jitops.attention(q, k, v, mask, out=out, schedule=s, precision="tf32")
+        torch.cuda.synchronize()
+        assert bool((out[:, :, :10] == 0).all()), s
+        ref = reference(q[:, :, 10:], k, v, mask[10:], False)
+        err = float((out[:, :, 10:].double() - ref).abs().max() / ref.abs().max())
+        assert err <= TF32_TOLERANCE, (s, err)

@@ -423,4 +423,8 @@ def variants(device: DeviceInfo) -> list[tuple[AttentionProblem, Schedule]]:
                  "v": TensorSpec((2, 2, 77, 64), "float16"), "mask": TensorSpec((2, 1, 1, 77), "float16")}
         pr = make_problem(specs, {"causal": False})
         out.append((pr, Schedule.make("fused_wgmma", groups=1, block_k=64, tma=1, bounded=1, trim=1)))
+        # fp32 on TF32 wgmma (fused_tf32 wgmma=1): padded D (72 -> 72, 18 pieces: a partial block of 8 in the
+        # V transpose), GQA, causal with a mask (the checked softmax), two consumer warpgroups
+        pr = problem("float32", 72, mask=True, causal=True, precision="tf32")
+        out.append((pr, Schedule.make("fused_tf32", wgmma=1, groups=2, block_k=64, stages=2)))
     return out

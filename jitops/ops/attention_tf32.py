@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .attention_problem import AttentionProblem
+from .attention_tf32_wgmma import plan_tf32_wgmma, preferred, tf32_wgmma_candidates, tf32_wgmma_schedule
 from .base import Buf, Launch, Plan, Scalar, Schedule, ceil_div
 
 TEMPLATE = "attention/fused_tf32.hip.j2"
@@ -52,7 +53,16 @@ def why_not_tf32(p: AttentionProblem, device: DeviceInfo) -> str | None:
 
 
 def tf32_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
-    """The tile by the grid it makes (H200, 2026-11-29, `scripts/device_attention_tf32.py`, fp32 prefill
+    """The wgmma form on sm_90 where it was measured to win (attention_tf32_wgmma.preferred: encoder-length
+    calls), else the mma.sync tile."""
+    if preferred(p, device):       # sm_90, encoder-length calls: attention_tf32_wgmma
+        return tf32_wgmma_schedule(p, device)
+    return mma_tf32_schedule(p, device)
+
+
+def mma_tf32_schedule(p: AttentionProblem, device: DeviceInfo) -> Schedule:
+    """The mma.sync tile (every device with matrix cores; tf32_schedule's pick off the wgmma region), by the
+    grid it makes (H200, 2026-11-29, `scripts/device_attention_tf32.py`, fp32 prefill
     shapes, every candidate timed in two runs): 8 warps x 2 row groups (256 query rows: each K / V fragment
     a warp loads serves 32 rows) where their rows fill at least 85% of their waves (B=8 H=16 S=2048 D=64
     1.05x 8 x 16 rows, 1.40x 4 x 16; Llama-3 1.19x, SD 1.5 D=40 1.15x); 8 warps x 16 rows (128 rows) where
@@ -93,8 +103,8 @@ def tf32_candidates(p: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
            if shared_bytes(p.d, w, bk, g) <= device.shared_per_block_optin
            and w * device.warp_size <= device.max_threads_per_block
            and (g == 1 or not p.has_mask and (padded_dim(p.d) <= 64 or padded_dim(p.d) <= 128 and bk == 32))]
-    pick = tf32_schedule(p, device)
-    return out if pick in out else [pick, *out]
+    pick = mma_tf32_schedule(p, device)
+    return (out if pick in out else [pick, *out]) + tf32_wgmma_candidates(p, device)
 
 
 def tf32_shortlist(p: AttentionProblem, device: DeviceInfo, n: int) -> list[Schedule]:
@@ -103,16 +113,20 @@ def tf32_shortlist(p: AttentionProblem, device: DeviceInfo, n: int) -> list[Sche
     fastest), at most n, each planning on this device."""
     pick = tf32_schedule(p, device)
     out = [pick]
+    if int(pick.get("wgmma", 0)) and n > 1:    # the mma.sync pick next: the wgmma region's edges were not swept
+        out.append(mma_tf32_schedule(p, device))
     for s in tf32_candidates(p, device):
         if len(out) >= n:
             break
-        if s not in out and (int(s["warps"]), int(s["block_k"]), int(s.get("row_groups", 1))) in SHORTLIST_TILES:
+        if s not in out and (int(s.get("warps", 0)), int(s["block_k"]), int(s.get("row_groups", 1))) in SHORTLIST_TILES:
             out.append(s)
     return out
 
 
 def plan_tf32(p: AttentionProblem, schedule: Schedule, device: DeviceInfo, common: dict, mask_args: tuple,
               tail: tuple, scale_log2: float) -> Plan:
+    if int(schedule.get("wgmma", 0)):
+        return plan_tf32_wgmma(p, schedule, device, common, mask_args, tail, scale_log2)
     warps, bk, groups = int(schedule["warps"]), int(schedule["block_k"]), int(schedule.get("row_groups", 1))
     if warps <= 0 or groups not in (1, 2) or bk <= 0 or bk % 16:
         raise ScheduleError(f"attention fused_tf32: warps={warps} must be positive, row_groups={groups} 1 or 2 and "
