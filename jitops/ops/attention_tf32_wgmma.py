@@ -7,7 +7,7 @@ K-major operands only). D up to 168 on an H100 / H200 (padded to a multiple of 8
 shared memory decides), masks, causal, GQA, the heads-inner layouts. The scheduler takes it for
 encoder-length calls (`preferred`); fused_tf32's mma.sync kernel stays the path elsewhere and off sm_90.
 
-Where it stands (H200, 2026-11-29): 1.06-1.22x the mma.sync pick on BERT / ViT-length calls, 0.82-0.98x on
+Where it stands (H200, 2026-11-29): 1.06-1.21x the mma.sync pick on BERT / ViT-length calls, 0.82-0.98x on
 long sequences, at most ~110 TFLOP/s (a fifth of the TF32 dense peak): the mma.sync kernel's range, not
 wgmma's. Not profiled yet; the producer's staging round trip and the consumers' unoverlapped
 S -> softmax -> P V chain are the suspects.
@@ -24,7 +24,6 @@ GROUPS = (1, 2, 3)
 BLOCK_KS = (32, 64, 128)
 STAGES = (2, 3, 4)
 TUNED_STAGES = (2, 3)          # rings of 4 were never the fastest (H200, 2026-11-29): not among the candidates
-MAX_DIM = 256
 
 
 def padded_dim(d: int) -> int:
@@ -57,16 +56,14 @@ def why_not_tf32_wgmma(p: AttentionProblem, device: DeviceInfo) -> str | None:
     """Why the wgmma form cannot run this (fp32, precision "tf32") problem on this device, or None."""
     if not device.hopper:
         return f"wgmma needs an sm_90 device ({device.name} is {device.arch})"
-    if p.d > MAX_DIM:
-        return f"D={p.d} exceeds {MAX_DIM}"
-    if not fits(p.d, 1, 32, 2, device):
+    if not fits(p.d, 1, 32, 2, device):        # shared memory bounds D (168 on an H100 / H200)
         return f"its smallest tile at D={p.d} does not fit {device.name}"
     return None
 
 
 # Where the wgmma form is the pick (H200, 2026-11-29 08:49, `scripts/device_attention_tf32.py --wgmma`, against
 # the mma.sync pick in the same run): encoder-length calls, D <= 64, keys <= 512, no causal masking: BERT-base
-# b8 S=384 1.14x (1.15x with a padding mask), b1 S=128 1.22x, ViT-B/16 b8 1.10x, B=256 S=128 1.06x. Longer
+# b8 S=384 1.14x (1.15x with a padding mask), b1 S=128 1.21x, ViT-B/16 b8 1.10x, B=256 S=128 1.06x. Longer
 # keys lose (Whisper S=1500 0.92x, S=2048 0.98x, D=40 S=4096 0.82x) and so do D = 80 / 128 (0.83-0.86x).
 MAX_KEYS = 512
 MAX_PREFERRED_DIM = 64
