@@ -247,7 +247,7 @@ def test_wgmma_only_on_hopper_and_half():
     large = op.make_problem({"x": TensorSpec((2, 64, 120, 120), "float16", "nhwc"),
                              "w": TensorSpec((256, 64, 3, 3), "float16"), "bias": None}, {"padding": 1})
     offered = {wg.tma_tile_of(s) for s in wg.candidates(large, hopper) if wg.is_tma(s)}
-    assert {t for t in offered if len(t) == 5} == {t for t in wg.TMA_TILES if len(t) == 5}
+    assert {t for t in offered if len(t) == 5} == {t for t in wg.TMA_TILES if len(t) == 5} - wg.NARROW_TILES
     assert {t for t in offered if len(t) > 5} == {(128, 64, 6, 2, 0, 1)}   # ping-pong: 4 tiles a block at least
     for s in cands:
         launch = next(l for l in op.plan(half, s, hopper).launches if l.kernel == "conv2d_implicit_gemm_wgmma")
@@ -578,6 +578,34 @@ def test_wgmma_tma_heuristic():
     s = op.heuristic(prob((2, 1280, 8, 8), (1280, 1280, 3, 3)), hopper)
     assert int(s["split_k"]) > 1                                # 20 tiles of 128 x 128 on 132 multiprocessors
     assert any(wg.is_tma(c) for c in get_op("conv2d").candidates(prob((2, 640, 64, 64), (640, 640, 3, 3)), hopper))
+
+
+def test_wgmma_tma_narrow_tiles():
+    """160-channel TMA tiles: offered (and the heuristic's pick) where output channels are 320 / 960 (Stable
+    Diffusion's first level: 3 x 128 columns computed 384), not where 128 / 256 divide them; their weight
+    map's box is 160 rows, and a width that is not a multiple of 32 is refused."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorMap
+    hopper = jitops.get_backend(target="sm_90").device
+
+    def prob(cin, cout, dtype="float16"):
+        extra = {"precision": "tf32"} if dtype == "float32" else {}
+        return op.make_problem({"x": TensorSpec((2, cin, 64, 64), dtype, "nhwc"), "w": TensorSpec((cout, cin, 3, 3), dtype),
+                                "bias": None}, {"padding": 1, **extra})
+    for dtype in ("float16", "bfloat16", "float32"):
+        for cin, cout in ((320, 320), (960, 320)):
+            p = prob(cin, cout, dtype)
+            offered = {wg.tma_tile_of(c) for c in wg.tma_candidates(p, hopper)}
+            assert wg.NARROW_TILES <= offered
+            s = op.heuristic(p, hopper)
+            assert wg.is_tma(s) and int(s["bn"]) == 160, (dtype, cin, cout, s)
+            launch = next(l for l in op.plan(p, s, hopper).launches if l.kernel == "conv2d_wgmma_tma")
+            bmap = [a for a in launch.args if isinstance(a, TensorMap)][1]
+            assert bmap.box == (wg.bk_of(p), 160) and launch.shared_bytes <= hopper.shared_per_block_optin
+        assert not wg.NARROW_TILES & {wg.tma_tile_of(c) for c in wg.tma_candidates(prob(640, 640, dtype), hopper)}
+    with pytest.raises(ScheduleError, match="not supported"):
+        op.plan(prob(320, 320), wg.tma_schedule((128, 144, 6, 2, 0), 64), hopper)
 
 
 def test_wgmma_tma_l2_resident_rate():

@@ -469,6 +469,36 @@ def test_wgmma_tma_im2col_gathers(gpu_backend):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_wgmma_tma_narrow_tiles(gpu_backend, dtype):
+    """The 160-channel TMA tiles on Stable Diffusion-like 320-channel layers (the heuristic's pick and the
+    two-blocks-per-SM tile, plain and persistent, split-K) and on a layer whose last tile is partial (200
+    channels), bias + residual + ReLU, against float64, into a NaN-filled output."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 4e-3}[dtype]
+    extra = {"precision": "tf32"} if dtype == torch.float32 else {}
+    for i, (xs, ws) in enumerate((((2, 320, 64, 64), (320, 320, 3, 3)), ((1, 96, 13, 11), (200, 96, 3, 3)))):
+        x, w, b, r, ref = _tma_case(xs, ws, {"padding": 1}, dtype, seed=40 + i)
+        spec = {"x": TensorSpec(xs, _spec(x).dtype, "nhwc"), "w": _spec(w), "bias": _spec(b),
+                "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
+        p = get_op("conv2d").make_problem(spec, {"padding": 1, "activation": "relu", **extra})
+        scheds = [wg.tma_schedule(t, wg.bk_of(p), persistent=pers, split_k=k)
+                  for t in sorted(wg.NARROW_TILES) for pers, k in ((False, 1), (True, 1), (False, 3))]
+        if i == 0:
+            pick = get_op("conv2d").heuristic(p, gpu_backend.device)
+            assert wg.is_tma(pick) and int(pick["bn"]) == 160, pick
+            scheds.append(pick)
+        for s in scheds:
+            out = torch.full_like(r, float("nan"))
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, padding=1, activation="relu", **extra)
+            assert not torch.isnan(y).any(), (s, xs)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (s, xs, ws, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_wgmma_tma_matches_float64(gpu_backend, dtype):
     """The TMA kernel on TMA_CASES, four tiles each (every tile over the cases, ping-pong ones too), plain
     and persistent grids, and split-K (2-4 splits, the reduction adding bias, residual, activation), with bias +

@@ -433,7 +433,12 @@ TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (2
              # ping-pong: the two consumer warpgroups take alternate tiles whole (offered on persistent grids
              # only: where blocks get few tiles, one warpgroup idles). Of five timed (H100 2026-11-26, run 5)
              # these two were fastest anywhere: TF32 C = 64 3x3 layers, 1.03-1.05x the best other tile.
-             (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1))
+             (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1),
+             # 160 channels wide, offered where they pad the output channels less than 128 / 256 do (NARROW_TILES:
+             # Stable Diffusion's 320-channel layers, 960 / 480): 2 x 160 instead of 3 x 128
+             (128, 160, 6, 2, 0), (64, 160, 4, 1, 0))
+# Tiles whose width is not a multiple of 64: offered only where they waste fewer padded channels.
+NARROW_TILES = frozenset(t for t in TMA_TILES if t[1] % 64)
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -499,7 +504,7 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     bm, bn, stages, wgs, regs = tile[:5]
     pingpong = len(tile) > 5
     bk = bk_of(p)
-    if (bm % (64 * wgs) and not pingpong) or bm > 256 or bn % 64 or bn > 256 or stages < 2 or \
+    if (bm % (64 * wgs) and not pingpong) or bm > 256 or bn % 32 or bn > 256 or stages < 2 or \
             (pingpong and (wgs != 2 or bm * bn // 128 > 128 and not regs)):
         raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
     splits, kt_per = tma_splits(p, s)
@@ -563,6 +568,11 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 TMA_MIN_FLOPS = 1e9
 
 
+def padded_channels(cout: int, bn: int) -> int:
+    """Output channels a grid of bn-wide tiles computes (the last tile's columns past cout are padding)."""
+    return ceil_div(cout, bn) * bn
+
+
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
@@ -576,6 +586,8 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         if bm > max(64, ceil_div(p.pixels, 64) * 64) or bn > max(64, ceil_div(p.cout, 64) * 64):
             continue
         if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
+            continue
+        if tile in NARROW_TILES and padded_channels(p.cout, bn) >= padded_channels(p.cout, 128):
             continue
         # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
@@ -607,6 +619,12 @@ TMA_RATE = {
     ('tf32', (128, 128, 6, 2, 0)): 0.839, ('tf32', (128, 128, 6, 2, 232, 1)): 0.592, ('tf32', (128, 256, 4, 2, 232)): 0.928,
     ('tf32', (192, 128, 5, 3, 0)): 0.858, ('tf32', (256, 128, 4, 2, 232)): 0.904,
 }
+# The 160-wide tiles (2026-11-29) were not in those sweeps. 64 x 160: the 64 x 128 tile's rates. 128 x 160: the
+# 128 x 128 six-stage tile's rates (0.855 / 0.839) ran 0.91-0.97x their estimates on the Stable Diffusion layers
+# they were picked for (H200, `scripts/device_conv2d_narrow.py`, docs/data/conv2d_narrow_tiles_h200_2026-11-29/),
+# so they are raised by the geometric mean of that ratio (fp16 / bf16 0.94, TF32 0.95).
+TMA_RATE.update({('16', (128, 160, 6, 2, 0)): 0.91, ('16', (64, 160, 4, 1, 0)): 0.895,
+                 ('tf32', (128, 160, 6, 2, 0)): 0.88, ('tf32', (64, 160, 4, 1, 0)): 0.851})
 TMA_OVERHEAD = {'tf32': 6, '16': 4}
 TMA_PERSISTENT_OVERHEAD = {'tf32': 8, '16': 4}
 # Bytes per second from L2 into all multiprocessors' shared memory (0: no such term), and the factor
