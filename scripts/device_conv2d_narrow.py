@@ -1,6 +1,7 @@
 """conv2d's 160-channel TMA tiles on the device, one call: Stable Diffusion's 320-channel layers (SD 1.5 /
 SDXL UNet first level at 64 x 64 / 96 x 96 / 128 x 128 latents, batch 1-8; the up blocks' 640 / 960 -> 320;
-the 320 -> 640 first conv of the second level; 960 -> 320 1x1 shortcuts) in fp16 / bf16 / fp32 with TF32,
+the 320 -> 640 first conv of the second level; 960 -> 320 1x1 shortcuts) and the large 640 / 1280-channel
+layers, which 160-wide tiles divide in fewer tiles in fp16 / bf16 / fp32 with TF32,
 channels_last: the heuristic's pick with the narrow tiles and without them (the pick before 2026-11-29),
 each checked against float64 in a NaN-filled output first, then timed by graph replay in alternating passes
 (the faster of two kept), beside cuDNN (benchmark mode, its best of NCHW / channels_last).
@@ -41,7 +42,13 @@ LAYERS = [("SD1.5 b2 64x64 320->320 3x3", (2, 320, 64, 64), (320, 320, 3, 3), 1)
           ("SD1.5 up b2 64x64 640->320 3x3", (2, 640, 64, 64), (320, 640, 3, 3), 1),
           ("SD1.5 up b2 64x64 960->320 3x3", (2, 960, 64, 64), (320, 960, 3, 3), 1),
           ("SD1.5 up b2 64x64 960->320 1x1", (2, 960, 64, 64), (320, 960, 1, 1), 0),
-          ("SD1.5 b2 32x32 320->640 3x3", (2, 320, 32, 32), (640, 320, 3, 3), 1)]
+          ("SD1.5 b2 32x32 320->640 3x3", (2, 320, 32, 32), (640, 320, 3, 3), 1),
+          # 640 / 1280 output channels: 160-wide tiles divide them too (4 / 8 tiles instead of 5 / 10)
+          ("k100_4 2x1920x32x32 -> 640 3x3", (2, 1920, 32, 32), (640, 1920, 3, 3), 1),
+          ("k100_5 / big SD 2x640x64x64 -> 640 3x3", (2, 640, 64, 64), (640, 640, 3, 3), 1),
+          ("big1 SD 2x640x32x32 -> 640 3x3", (2, 640, 32, 32), (640, 640, 3, 3), 1),
+          ("big2 SD 2x1280x16x16 -> 1280 3x3", (2, 1280, 16, 16), (1280, 1280, 3, 3), 1),
+          ("big3 SD 2x2560x16x16 -> 1280 3x3", (2, 2560, 16, 16), (1280, 2560, 3, 3), 1)]
 TOL = {"float16": 4e-3, "bfloat16": 2e-2, "float32": 4e-3}
 
 

@@ -582,8 +582,9 @@ def test_wgmma_tma_heuristic():
 
 def test_wgmma_tma_narrow_tiles():
     """160-channel TMA tiles: offered (and the heuristic's pick) where output channels are 320 / 960 (Stable
-    Diffusion's first level: 3 x 128 columns computed 384), not where 128 / 256 divide them; their weight
-    map's box is 160 rows, and a width that is not a multiple of 32 is refused."""
+    Diffusion's first level: 3 x 128 columns computed 384), offered where 160 divides them (640), not for 512
+    (neither divides nor pads less); their weight map's box is 160 rows, and a width that is not a multiple of
+    32 is refused."""
     from jitops.errors import ScheduleError
     from jitops.ops import conv2d_wgmma as wg
     from jitops.ops.base import TensorMap
@@ -603,7 +604,8 @@ def test_wgmma_tma_narrow_tiles():
             launch = next(l for l in op.plan(p, s, hopper).launches if l.kernel == "conv2d_wgmma_tma")
             bmap = [a for a in launch.args if isinstance(a, TensorMap)][1]
             assert bmap.box == (wg.bk_of(p), 160) and launch.shared_bytes <= hopper.shared_per_block_optin
-        assert not wg.NARROW_TILES & {wg.tma_tile_of(c) for c in wg.tma_candidates(prob(640, 640, dtype), hopper)}
+        assert wg.NARROW_TILES <= {wg.tma_tile_of(c) for c in wg.tma_candidates(prob(640, 640, dtype), hopper)}
+        assert not wg.NARROW_TILES & {wg.tma_tile_of(c) for c in wg.tma_candidates(prob(512, 512, dtype), hopper)}
     with pytest.raises(ScheduleError, match="not supported"):
         op.plan(prob(320, 320), wg.tma_schedule((128, 144, 6, 2, 0), 64), hopper)
 

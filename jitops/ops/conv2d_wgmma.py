@@ -434,10 +434,10 @@ TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (2
              # only: where blocks get few tiles, one warpgroup idles). Of five timed (H100 2026-11-26, run 5)
              # these two were fastest anywhere: TF32 C = 64 3x3 layers, 1.03-1.05x the best other tile.
              (128, 128, 6, 2, 232, 1), (128, 64, 6, 2, 0, 1),
-             # 160 channels wide, offered where they pad the output channels less than 128 / 256 do (NARROW_TILES:
-             # Stable Diffusion's 320-channel layers, 960 / 480): 2 x 160 instead of 3 x 128
+             # 160 channels wide (NARROW_TILES), offered where they divide the output channels (Stable Diffusion's
+             # 320 / 640 / 1280: 2 / 4 / 8 tiles instead of 3 / 5 / 10 of 128) or pad them less than 128 / 256 do
              (128, 160, 6, 2, 0), (64, 160, 4, 1, 0))
-# Tiles whose width is not a multiple of 64: offered only where they waste fewer padded channels.
+# Tiles whose width is not a multiple of 64: offered only where they divide Cout or pad it less.
 NARROW_TILES = frozenset(t for t in TMA_TILES if t[1] % 64)
 
 
@@ -587,7 +587,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             continue
         if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
             continue
-        if tile in NARROW_TILES and padded_channels(p.cout, bn) >= padded_channels(p.cout, 128):
+        if tile in NARROW_TILES and p.cout % bn and padded_channels(p.cout, bn) >= padded_channels(p.cout, 128):
             continue
         # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
