@@ -287,6 +287,10 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def round_up(v: int, m: int) -> int:
+    return ceil_div(v, m) * m
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """'1x64x56x56' -> (1, 64, 56, 56)."""
     try:

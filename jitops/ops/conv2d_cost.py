@@ -24,8 +24,8 @@ from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
-from .base import Schedule, ceil_div
-from .conv2d_plans import WINOGRAD_M, direct_shared_bytes, round_up, winograd_sizes
+from .base import Schedule, ceil_div, round_up
+from .conv2d_plans import WINOGRAD_M, direct_shared_bytes, winograd_sizes
 from .conv2d_problem import Conv2dProblem
 
 Tile = tuple[int, int, int, int, int]      # bm, bn, bk, tm, tn

@@ -22,7 +22,7 @@ from . import conv2d_mma as mma
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
 from . import conv2d_winograd as wino
-from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type
+from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, Workspace, ceil_div, index_type, round_up
 from .conv2d_problem import Conv2dProblem
 
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
@@ -30,10 +30,6 @@ WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
 ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
               mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
-
-
-def round_up(v: int, m: int) -> int:
-    return ceil_div(v, m) * m
 
 
 def _common(p: Conv2dProblem) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from ..device import DeviceInfo
 from ..errors import ScheduleError
-from .base import C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div, index_type
+from .base import (C_TYPE, INT32_MAX, Buf, Launch, Plan, Scalar, Schedule, TensorMap, Workspace, ceil_div, index_type,
+                   round_up)
 from .conv2d_mma import (channels, epilogue_bytes, is_window_rows, k_padded, needs_nhwc_copy, nhwc_copy_launch,
                          pack_launch, plan_around, splits_of, window_rows, window_rows_why_not)
 from .conv2d_problem import Conv2dProblem
@@ -568,11 +569,6 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 TMA_MIN_FLOPS = 1e9
 
 
-def padded_channels(cout: int, bn: int) -> int:
-    """Output channels a grid of bn-wide tiles computes (the last tile's columns past cout are padding)."""
-    return ceil_div(cout, bn) * bn
-
-
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
@@ -587,7 +583,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             continue
         if tma_shared_bytes(bm, bn, stages) > device.shared_per_block_optin:
             continue
-        if tile in NARROW_TILES and p.cout % bn and padded_channels(p.cout, bn) >= padded_channels(p.cout, 128):
+        if tile in NARROW_TILES and p.cout % bn and round_up(p.cout, bn) >= round_up(p.cout, 128):
             continue
         # a persistent grid where blocks loop (one block per multiprocessor either way); split-K where
         # the tiles leave most multiprocessors idle and each split keeps 4 K tiles
