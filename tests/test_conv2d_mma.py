@@ -610,6 +610,45 @@ def test_wgmma_tma_narrow_tiles():
         op.plan(prob(320, 320), wg.tma_schedule((128, 144, 6, 2, 0), 64), hopper)
 
 
+def test_wgmma_tma_h200_rules():
+    """Rules from the H200 pool sweeps (2026-11-29): a two-per-multiprocessor tile whose grid has no more
+    blocks than multiprocessors is charged one wave at TMA_LONE_SHARE of the pair's rate, not two (ResNet-50's
+    512 -> 512 3x3 at 7 x 7, b32, now takes the 4-stage 64 x 128 tile: 17.5 us against 19.0 on the 6-stage
+    one); on a device of at least TMA_WHOLE_MIN_BANDWIDTH (the H200) whole-chunk channels take the TMA kernel
+    at TMA_MARGIN_WHOLE (ResNet-50 b32's 128 -> 512 1x1 at 28 x 28: 12.6 us against 16.9 on the cp.async pick),
+    the H100 keeps TMA_MARGIN; 3x3 filters into 32 channels keep the cp.async kernel."""
+    import dataclasses
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.conv2d_cost import machine
+    base = jitops.get_backend(target="sm_90").device
+    h200 = dataclasses.replace(base, name="NVIDIA H200")
+    h100 = dataclasses.replace(base, name="NVIDIA H100 80GB HBM3")
+
+    def prob(x, w, padding=0):
+        return op.make_problem({"x": TensorSpec(x, "float16", "nhwc"), "w": TensorSpec(w, "float16"), "bias": None},
+                               {"padding": padding})
+    deep = prob((32, 512, 7, 7), (512, 512, 3, 3), 1)                       # 25 x 4 = 100 blocks of 64 x 128
+    lone, pair = wg.tma_schedule((64, 128, 4, 1, 0), 64, persistent=False), wg.tma_schedule((64, 128, 6, 1, 0), 64)
+    bw = machine(h200).bandwidth
+    t_lone = wg.tma_estimate(deep, lone, h200, bw, 0.0, lone=wg.TMA_LONE_SHARE)
+    assert t_lone == pytest.approx(wg.tma_estimate(deep, lone, h200, bw, 0.0, lone=0.5) * 0.5 / wg.TMA_LONE_SHARE,
+                                   rel=0.05)
+    assert wg.tma_tile_of(op.heuristic(deep, h200))[:3] == (64, 128, 4)
+    assert t_lone < wg.tma_estimate(deep, pair, h200, bw, 0.0)
+    point = prob((32, 128, 28, 28), (512, 128, 1, 1))
+    assert wg.is_tma(op.heuristic(point, h200))
+    assert not wg.is_tma(op.heuristic(point, h100))
+    for dev in (h100, h200):
+        m = machine(dev).bandwidth
+        s = wg.tma_schedule((192, 128, 5, 3, 0), 64)
+        expect = wg.TMA_MARGIN_WHOLE if m >= wg.TMA_WHOLE_MIN_BANDWIDTH else wg.TMA_MARGIN
+        assert wg.tma_estimate(point, s, dev, m, 0.0) > wg.tma_estimate(point, s, dev, m, 0.0, margin=expect * 0.99)
+        assert wg.tma_estimate(point, s, dev, m, 0.0) < wg.tma_estimate(point, s, dev, m, 0.0, margin=expect * 1.01)
+    assert not wg.tma_candidates(prob((32, 128, 56, 56), (32, 128, 3, 3), 1), h200)
+    assert wg.tma_candidates(prob((32, 192, 56, 56), (32, 192, 1, 1)), h200)
+    assert wg.tma_candidates(prob((32, 128, 56, 56), (64, 128, 3, 3), 1), h200)
+
+
 def test_wgmma_tma_l2_resident_rate():
     """A call whose bytes fit in L2 is charged at TMA_RESIDENT_BYTES_PER_S on the TMA kernel only: the
     ResNet-50 b32 1x1 layer 512 -> 128 at 28x28 (32 MB; both kernels' estimates were the DRAM term)

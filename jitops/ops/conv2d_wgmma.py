@@ -567,14 +567,19 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 # kernel's pick, and the model's choice among them did no better than this rule (thresholds 0.1-1
 # GFLOP scored within 1% of each other on run 5's sweep).
 TMA_MIN_FLOPS = 1e9
+# Fewest output channels the TMA kernel takes for filters wider than 1x1 (tma_candidates).
+TMA_WIDE_FILTER_MIN_COUT = 33
 
 
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
     2026-11-26), at least TMA_MIN_FLOPS, a tile no wider than the problem, plain or persistent grids,
-    split-K where the tiles leave multiprocessors idle."""
-    if tma_why_not(p, device) or p.cout % 8 or p.flops < TMA_MIN_FLOPS:
+    split-K where the tiles leave multiprocessors idle. Not for filters wider than 1x1 into 32 or fewer
+    channels: DenseNet-121's 128 -> 32 3x3 (b32, 56 x 56 / 28 x 28) ran 1.28x / 1.36x and Inception-v3's
+    32 -> 32 3x3 1.87x the cp.async kernel's fastest tile (H200, 2026-11-29 pool sweeps)."""
+    if tma_why_not(p, device) or p.cout % 8 or p.flops < TMA_MIN_FLOPS or \
+            (p.kh * p.kw > 1 and p.cout < TMA_WIDE_FILTER_MIN_COUT):
         return []
     out = []
     for tile in TMA_TILES:
@@ -628,6 +633,14 @@ TMA_PERSISTENT_OVERHEAD = {'tf32': 8, '16': 4}
 # apart; chosen on the same sweeps for the fewest lost picks).
 TMA_L2_BYTES_PER_S = 1.2e+13
 TMA_MARGIN = 1.1
+# On the H200 (4.2 TB/s copies; the H100 3.0) the TMA kernel beat the others' estimates wherever each tap's
+# channels are whole 128-byte chunks (no zero-padded K): over 319 real-network layers of two pool sweeps
+# (docs/data/conv2d_h200_sweep_2026-11-29/), each fitted on one and scored on the other, a margin of 0.9 there
+# moved the picks' network-weighted time from 1.092x / 1.090x the fastest schedule timed to 1.065x / 1.078x
+# (scripts/conv2d_pick_regret.py); on the H100 sweeps (docs/data/conv2d_tma_h100_2026-11-26/) the same margin
+# lost (chosen / best 1.029 -> 1.041), so devices below this bandwidth keep TMA_MARGIN.
+TMA_MARGIN_WHOLE = 0.9
+TMA_WHOLE_MIN_BANDWIDTH = 4e12
 UNRATED_TMA = 0.05
 # A call whose input, output and weights together fit in L2 (50 MB on the H100) and stay there between
 # calls (graph replays; in a network, the layer before just wrote the input) reads them at more than
@@ -640,12 +653,17 @@ UNRATED_TMA = 0.05
 # moved to a 3-way split measured 35.6-36.3 us against 29.6-30.2 for an unsplit 128 x 128 tile). Same-run
 # A/B against the previous estimate (run 2, 19:55): the 8 changed picks ran 1.18-1.52x faster.
 TMA_RESIDENT_BYTES = 40e6
+# A tile rated at two blocks per multiprocessor (TMA_RATE: the pair's rate) whose grid has no more blocks
+# than multiprocessors runs one block on each, alone: one wave at this share of the pair's rate (the
+# estimate charged it two waves, 1.19-1.48x its measured time on four tiles; 0.8 scored best of 0.5-0.95 on
+# the H200 pool sweeps and left the H100 sweeps' picks as they were, 1.029 / 1.030x the fastest).
+TMA_LONE_SHARE = 0.8
 TMA_RESIDENT_BYTES_PER_S = 4.8e12
 
 
 def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
                  rates: dict | None = None, overhead: dict | None = None, persistent_overhead: dict | None = None,
-                 l2: float | None = None, margin: float | None = None) -> float:
+                 l2: float | None = None, margin: float | None = None, lone: float | None = None) -> float:
     """Seconds for one call of the TMA kernel: one block per multiprocessor (the ring fills its shared
     memory), waves of blocks each at its tile's share of the dense rate over its K tiles plus a fixed
     overhead; or the DRAM bytes; plus the NHWC copy and the split-K reduction."""
@@ -663,11 +681,17 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     resident = tma_resident(tile, device)                 # resident blocks share the multiprocessor
     waves = ceil_div(blocks, device.multiprocessors * resident) * resident
     rate = 4096 * 1.83e9 / (2 if cls == "tf32" else 1) * rates.get((cls, tile), UNRATED_TMA)
+    if resident > 1 and blocks <= device.multiprocessors:  # a block per multiprocessor: each has one alone
+        waves = 1
+        rate *= TMA_LONE_SHARE if lone is None else lone
     compute = waves * 2.0 * bm * bn * bk * (per + ovh[cls]) / rate
     l2 = TMA_L2_BYTES_PER_S if l2 is None else l2
     if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
         compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
-    compute *= TMA_MARGIN if margin is None else margin
+    if margin is None:
+        whole = channels(p)[0] % bk == 0 and bandwidth >= TMA_WHOLE_MIN_BANDWIDTH
+        margin = TMA_MARGIN_WHOLE if whole else TMA_MARGIN
+    compute *= margin
     w_bytes = p.cout * per * splits * bk * p.itemsize
     io_bw = max(bandwidth, TMA_RESIDENT_BYTES_PER_S) if sum(io_bytes(p)) + w_bytes <= TMA_RESIDENT_BYTES \
         else bandwidth
