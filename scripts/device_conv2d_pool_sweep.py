@@ -7,7 +7,8 @@ the cost model on a device and for scoring a heuristic by what its picks lose ag
 schedule of the pool ("regret", scripts/conv2d_pick_regret.py).
 
     python3 scripts/device_conv2d_pool_sweep.py OUT_DIR [--nets resnet50:32,resnet50:8,...] [--big]
-        [--budget SECONDS] [--dtype float16] [--skip EARLIER_pool_sweep.json]
+        [--budget SECONDS] [--dtype float16] [--skip EARLIER_pool_sweep.json] [--max-flops F]
+        [--tma-min-flops F]
 
 Raw results: OUT_DIR/pool_sweep.json (rewritten after every layer).
 """
@@ -83,7 +84,13 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=500)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--skip", default="", help="a pool_sweep.json whose layers are not timed again")
+    ap.add_argument("--max-flops", type=float, default=0, help="only layers below this many flops")
+    ap.add_argument("--tma-min-flops", type=float, default=None,
+                    help="conv2d_wgmma.TMA_MIN_FLOPS (and its fast-memory twin) for the pools")
     args = ap.parse_args()
+    if args.tma_min_flops is not None:
+        from jitops.ops import conv2d_wgmma
+        conv2d_wgmma.TMA_MIN_FLOPS = conv2d_wgmma.TMA_MIN_FLOPS_FAST_MEMORY = args.tma_min_flops
     os.makedirs(args.out, exist_ok=True)
     device = jitops.get_backend().device
     print(torch.cuda.get_device_name(), flush=True)
@@ -113,6 +120,8 @@ def main() -> None:
         layout = "" if xs[2] * xs[3] == 1 else "nhwc"     # C-contiguous too: jitops reads it as NCHW
         p = OP.make_problem({"x": TensorSpec(xs, args.dtype, layout), "w": TensorSpec(ws, args.dtype), "bias": None},
                             attrs)
+        if args.max_flops and p.flops >= args.max_flops:
+            continue
         pick = OP.heuristic(p, device)
         pool = {str(s): s for s in shortlist(p, pick, device)}
         ref = ref_f64(x, w, None, pair(attrs["stride"]), pads4(attrs["padding"]), pair(attrs.get("dilation", 1)), 1)

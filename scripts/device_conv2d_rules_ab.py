@@ -7,7 +7,7 @@ beside the per-layer pool sweeps they were chosen on (scripts/device_conv2d_pool
         [--dtypes float16] [--passes 2]
 
 Without the rules: TMA_LONE_SHARE 0.5 (a lone block charged two waves), TMA_MARGIN_WHOLE = TMA_MARGIN,
-TMA_WIDE_FILTER_MIN_COUT 0. Raw results: OUT_DIR/rules_ab.json.
+TMA_WIDE_FILTER_MIN_COUT 0, TMA_MIN_FLOPS_FAST_MEMORY = TMA_MIN_FLOPS. Raw results: OUT_DIR/rules_ab.json.
 """
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from jitops.ops import conv2d_wgmma as wg  # noqa: E402
 from device_conv2d_networks import run_net  # noqa: E402
 
 NEW = {"TMA_LONE_SHARE": wg.TMA_LONE_SHARE, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN_WHOLE,
-       "TMA_WIDE_FILTER_MIN_COUT": wg.TMA_WIDE_FILTER_MIN_COUT}
-OLD = {"TMA_LONE_SHARE": 0.5, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN, "TMA_WIDE_FILTER_MIN_COUT": 0}
+       "TMA_WIDE_FILTER_MIN_COUT": wg.TMA_WIDE_FILTER_MIN_COUT, "TMA_MIN_FLOPS_FAST_MEMORY": wg.TMA_MIN_FLOPS_FAST_MEMORY}
+OLD = {"TMA_LONE_SHARE": 0.5, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN, "TMA_WIDE_FILTER_MIN_COUT": 0,
+       "TMA_MIN_FLOPS_FAST_MEMORY": wg.TMA_MIN_FLOPS}
 
 
 def main() -> None:

@@ -567,6 +567,11 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
 # kernel's pick, and the model's choice among them did no better than this rule (thresholds 0.1-1
 # GFLOP scored within 1% of each other on run 5's sweep).
 TMA_MIN_FLOPS = 1e9
+# On fast-memory devices (fast_memory: the H200) from this many: over the 130 sub-GFLOP layers of seven
+# networks (docs/data/conv2d_h200_sweep_2026-11-29/pool_sweep3.json.gz, every TMA tile offered and timed)
+# the picks' weighted time against the fastest schedule went from 1.114x at 1e9 to 1.076x at 2e8 (1.077-1.078x
+# at 0-3e8); six of the seven networks gained (ResNet-50 b32 1.19x -> 1.00x), Inception-v3 lost 0.3%.
+TMA_MIN_FLOPS_FAST_MEMORY = 2e8
 # Fewest output channels the TMA kernel takes for filters wider than 1x1 (tma_candidates).
 TMA_WIDE_FILTER_MIN_COUT = 33
 
@@ -574,11 +579,12 @@ TMA_WIDE_FILTER_MIN_COUT = 33
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
-    2026-11-26), at least TMA_MIN_FLOPS, a tile no wider than the problem, plain or persistent grids,
+    2026-11-26), at least TMA_MIN_FLOPS (TMA_MIN_FLOPS_FAST_MEMORY on the H200), a tile no wider than the problem, plain or persistent grids,
     split-K where the tiles leave multiprocessors idle. Not for filters wider than 1x1 into 32 or fewer
     channels: DenseNet-121's 128 -> 32 3x3 (b32, 56 x 56 / 28 x 28) ran 1.28x / 1.36x and Inception-v3's
     32 -> 32 3x3 1.87x the cp.async kernel's fastest tile (H200, 2026-11-29 pool sweeps)."""
-    if tma_why_not(p, device) or p.cout % 8 or p.flops < TMA_MIN_FLOPS or \
+    min_flops = TMA_MIN_FLOPS_FAST_MEMORY if fast_memory(device) else TMA_MIN_FLOPS
+    if tma_why_not(p, device) or p.cout % 8 or p.flops < min_flops or \
             (p.kh * p.kw > 1 and p.cout < TMA_WIDE_FILTER_MIN_COUT):
         return []
     out = []
@@ -640,7 +646,14 @@ TMA_MARGIN = 1.1
 # (scripts/conv2d_pick_regret.py); on the H100 sweeps (docs/data/conv2d_tma_h100_2026-11-26/) the same margin
 # lost (chosen / best 1.029 -> 1.041), so devices below this bandwidth keep TMA_MARGIN.
 TMA_MARGIN_WHOLE = 0.9
-TMA_WHOLE_MIN_BANDWIDTH = 4e12
+# Copy bandwidth (conv2d_cost.machine) from which a device takes the fast-memory constants above.
+TMA_FAST_MEMORY_BANDWIDTH = 4e12
+
+
+def fast_memory(device: DeviceInfo) -> bool:
+    """Whether the device copies at TMA_FAST_MEMORY_BANDWIDTH or more (of the sm_90 parts measured: the H200)."""
+    from .conv2d_cost import machine        # conv2d_cost imports this module: imported on use
+    return machine(device).bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
 UNRATED_TMA = 0.05
 # A call whose input, output and weights together fit in L2 (50 MB on the H100) and stay there between
 # calls (graph replays; in a network, the layer before just wrote the input) reads them at more than
@@ -689,7 +702,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
         compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
     if margin is None:
-        whole = channels(p)[0] % bk == 0 and bandwidth >= TMA_WHOLE_MIN_BANDWIDTH
+        whole = channels(p)[0] % bk == 0 and bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
         margin = TMA_MARGIN_WHOLE if whole else TMA_MARGIN
     compute *= margin
     w_bytes = p.cout * per * splits * bk * p.itemsize
