@@ -6,7 +6,8 @@ than the fastest timed schedule), on layers it was not tuned on.
 
     PYTHONPATH=$PWD python3 scripts/conv2d_pick_regret.py SWEEP.json[.gz] [--device "NVIDIA H200"] [-v]
 
-A pick the sweep did not time is reported and left out of the sums.
+A pick the sweep did not time is reported and left out of the sums; a layer in several sweeps counts once,
+from the last sweep given.
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def layout_of(xs) -> str:
     """The layout jitops reads a channels_last tensor of shape xs in: NCHW where that is C-contiguous too
     (1 x 1 pixels, as in squeeze-excitation layers)."""
     return "" if xs[2] * xs[3] == 1 else "nhwc"
+
+
+def distinct(rows: list) -> list:
+    """One row per layer (shapes and attributes): where sweeps overlap, the later one given."""
+    keyed = {(tuple(r["x"]), tuple(r["w"]), json.dumps(r["attrs"], sort_keys=True)): r for r in rows}
+    return list(keyed.values())
 
 
 def problem(row: dict, dtype: str = "float16"):
@@ -81,7 +88,7 @@ def main() -> None:
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     device = dataclasses.replace(get_backend(target="sm_90").device, name=args.device)
-    rows = [r for path in args.sweeps for r in load(path)]
+    rows = distinct([r for path in args.sweeps for r in load(path)])
     nets = score(rows, device, args.verbose)
     total = {"pick": 0.0, "best": 0.0, "cudnn": 0.0, "sweep_pick": 0.0}
     print(f"{'network':22s} {'picks us':>9s} {'sweep us':>9s} {'best us':>9s} {'cuDNN us':>9s}  regret  "
