@@ -615,7 +615,8 @@ def test_wgmma_tma_h200_rules():
     blocks than multiprocessors is charged one wave at TMA_LONE_SHARE of the pair's rate, not two (ResNet-50's
     512 -> 512 3x3 at 7 x 7, b32, now takes the 4-stage 64 x 128 tile: 17.5 us against 19.0 on the 6-stage
     one); on a device of at least TMA_FAST_MEMORY_BANDWIDTH (the H200) whole-chunk channels take the TMA kernel
-    at TMA_MARGIN_WHOLE (ResNet-50 b32's 128 -> 512 1x1 at 28 x 28: 12.6 us against 16.9 on the cp.async pick),
+    at TMA_MARGIN_WHOLE, and so do 1x1 filters over any channels (ResNet-50 b32's 128 -> 512 1x1 at 28 x 28: 12.6
+    us against 16.9 on the cp.async pick),
     the H100 keeps TMA_MARGIN; from TMA_MIN_FLOPS_FAST_MEMORY flops there, not TMA_MIN_FLOPS; 3x3 filters into
     32 channels keep the cp.async kernel."""
     import dataclasses
@@ -639,12 +640,14 @@ def test_wgmma_tma_h200_rules():
     point = prob((32, 128, 28, 28), (512, 128, 1, 1))
     assert wg.is_tma(op.heuristic(point, h200))
     assert not wg.is_tma(op.heuristic(point, h100))
+    padded_1x1, padded_3x3 = prob((32, 48, 28, 28), (288, 48, 1, 1)), prob((32, 48, 28, 28), (288, 48, 3, 3), 1)
     for dev in (h100, h200):
         m = machine(dev).bandwidth
         s = wg.tma_schedule((192, 128, 5, 3, 0), 64)
-        expect = wg.TMA_MARGIN_WHOLE if m >= wg.TMA_FAST_MEMORY_BANDWIDTH else wg.TMA_MARGIN
-        assert wg.tma_estimate(point, s, dev, m, 0.0) > wg.tma_estimate(point, s, dev, m, 0.0, margin=expect * 0.99)
-        assert wg.tma_estimate(point, s, dev, m, 0.0) < wg.tma_estimate(point, s, dev, m, 0.0, margin=expect * 1.01)
+        for q, whole in ((point, True), (padded_1x1, True), (padded_3x3, False)):   # 1x1: K padded alike on both kernels
+            expect = wg.TMA_MARGIN_WHOLE if m >= wg.TMA_FAST_MEMORY_BANDWIDTH and whole else wg.TMA_MARGIN
+            assert wg.tma_estimate(q, s, dev, m, 0.0) > wg.tma_estimate(q, s, dev, m, 0.0, margin=expect * 0.99)
+            assert wg.tma_estimate(q, s, dev, m, 0.0) < wg.tma_estimate(q, s, dev, m, 0.0, margin=expect * 1.01)
     small = prob((32, 32, 112, 112), (16, 32, 1, 1))                           # 0.41 GFLOP
     assert wg.TMA_MIN_FLOPS_FAST_MEMORY <= small.flops < wg.TMA_MIN_FLOPS
     assert wg.tma_candidates(small, h200) and not wg.tma_candidates(small, h100)

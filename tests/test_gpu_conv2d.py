@@ -463,7 +463,7 @@ def test_wgmma_tma_im2col_gathers(gpu_backend):
         for tile in ((64, 128, 6, 1, 0), (128, 64, 6, 2, 0), (256, 128, 4, 2, 232), (64, 128, 6, 2, 0, 1)):
             out = torch.full(tuple(ref.shape), float("nan"), dtype=torch.float16, device="cuda").to(
                 memory_format=torch.channels_last)
-            y = jitops.conv2d(x, w, out=out, schedule=wg.tma_schedule(tile, 64), **attrs)
+            y = jitops.conv2d(x, w, out=out, schedule=wg.tma_schedule(tile, wg.bk_of(p)), **attrs)
             bad = (y.double() != ref).nonzero()
             assert len(bad) == 0, (xs, k, attrs, tile, bad[:8].tolist())
 

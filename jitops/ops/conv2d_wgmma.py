@@ -639,12 +639,14 @@ TMA_PERSISTENT_OVERHEAD = {'tf32': 8, '16': 4}
 # apart; chosen on the same sweeps for the fewest lost picks).
 TMA_L2_BYTES_PER_S = 1.2e+13
 TMA_MARGIN = 1.1
-# On the H200 (4.2 TB/s copies; the H100 3.0) the TMA kernel beat the others' estimates wherever each tap's
-# channels are whole 128-byte chunks (no zero-padded K): over 319 real-network layers of two pool sweeps
-# (docs/data/conv2d_h200_sweep_2026-11-29/), each fitted on one and scored on the other, a margin of 0.9 there
-# moved the picks' network-weighted time from 1.092x / 1.090x the fastest schedule timed to 1.065x / 1.078x
-# (scripts/conv2d_pick_regret.py); on the H100 sweeps (docs/data/conv2d_tma_h100_2026-11-26/) the same margin
-# lost (chosen / best 1.029 -> 1.041), so devices below this bandwidth keep TMA_MARGIN.
+# On the H200 (4.2 TB/s copies; the H100 3.0) the TMA kernel beat the others' estimates wherever its K carries
+# no more zero padding than theirs: each tap's channels whole 128-byte chunks, or a 1x1 filter (both kernels
+# pad its K alike). Chosen on the first pool sweep of real-network layers (docs/data/conv2d_h200_sweep_2026-11-29/,
+# scripts/conv2d_pick_regret.py), with TMA_LONE_SHARE: the picks' weighted time 1.092x -> 1.065x the fastest
+# schedule timed there, 1.090x -> 1.050x on the second sweep's layers (not used to choose it); counting 1x1
+# filters too gained another 0.5-1.0% on each of the three sweeps. On the H100 sweeps
+# (docs/data/conv2d_tma_h100_2026-11-26/) the margin lost (chosen / best 1.029 -> 1.041), so devices below
+# TMA_FAST_MEMORY_BANDWIDTH keep TMA_MARGIN.
 TMA_MARGIN_WHOLE = 0.9
 # Copy bandwidth (conv2d_cost.machine) from which a device takes the fast-memory constants above.
 TMA_FAST_MEMORY_BANDWIDTH = 4e12
@@ -702,7 +704,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     if l2:                     # every block's A and B rows of its K range, 128 bytes per row and K tile
         compute = max(compute, blocks * (bm + bn) * per * 128 / l2)
     if margin is None:
-        whole = channels(p)[0] % bk == 0 and bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
+        whole = (channels(p)[0] % bk == 0 or p.kh * p.kw == 1) and bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
         margin = TMA_MARGIN_WHOLE if whole else TMA_MARGIN
     compute *= margin
     w_bytes = p.cout * per * splits * bk * p.itemsize
