@@ -1,0 +1,56 @@
+"""The conv2d heuristic scored on recorded device sweeps (docs/data): what its picks take against the fastest
+schedule timed there. A cost-model or rule change that slows the picks down on real layers fails here, on
+the CPU, before anyone times it on a GPU. The bounds sit just above the figures of 2026-11-29 (H200: 1.054x
+the fastest over 303 layers; H100 TMA choices: 1.030x)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import jitops
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_SWEEPS = [ROOT / "docs/data/conv2d_h200_sweep_2026-11-29" / f"pool_sweep{i}.json.gz" for i in (1, 2, 3)]
+H100_SWEEPS = [ROOT / "docs/data/conv2d_tma_h100_2026-11-26" / f"run{i}_sweep.json.gz" for i in (2, 3, 5)]
+
+
+def _scripts():
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def test_h200_picks_on_real_layers():
+    """Every recorded layer (pool sweeps of ResNet-50 b1-b32, DenseNet-121, EfficientNet-B0 / B3, Inception-v3,
+    MobileNet-v3, VGG-16 and the 19 large layers): the picks, weighted by how often each network runs a
+    layer, within 6% of the fastest schedule timed, nearly all of them timed, and ResNet-50 b32's
+    convolutions ahead of cuDNN's."""
+    _scripts()
+    import conv2d_pick_regret as regret
+    device = dataclasses.replace(jitops.get_backend(target="sm_90").device, name="NVIDIA H200")
+    rows = regret.distinct([r for path in H200_SWEEPS for r in regret.load(str(path))])
+    assert len(rows) == 319
+    picks = {id(r): str(regret.OP.heuristic(regret.problem(r), device)) for r in rows}
+    timed = [r for r in rows if picks[id(r)] in r["times"]]
+    assert len(timed) >= 300, f"only {len(timed)} of {len(rows)} picks were timed: the sweeps no longer cover them"
+    mine = sum(r["count"] * r["times"][picks[id(r)]] for r in timed)
+    best = sum(r["count"] * min(r["times"].values()) for r in timed)
+    assert mine / best <= 1.06, f"the picks take {mine / best:.3f}x the fastest schedules timed"
+    resnet = [r for r in timed if r["layer"].startswith("resnet50 b32")]
+    ours = sum(r["count"] * r["times"][picks[id(r)]] for r in resnet)
+    cudnn = sum(r["count"] * r["cudnn_us"] for r in resnet)
+    assert cudnn / ours >= 1.02, f"ResNet-50 b32's convolutions at {cudnn / ours:.3f}x cuDNN"
+
+
+def test_h100_tma_choices():
+    """The H100 sweeps the TMA constants were fitted on (2026-11-26): the heuristic's choice between the TMA
+    kernel and the rest within 3.5% of the faster of the two measured, on geometric mean."""
+    _scripts()
+    import conv2d_tma_fit as fit
+    from jitops.ops import conv2d_wgmma as wg
+    rows = [r for path in H100_SWEEPS for r in fit.load(str(path)) if isinstance(r.get("times"), dict)]
+    assert len(rows) > 200
+    geo, worst = fit.evaluate(rows, wg.TMA_RATE, wg.TMA_OVERHEAD, wg.TMA_PERSISTENT_OVERHEAD,
+                              l2=wg.TMA_L2_BYTES_PER_S, margin=None, quiet=True)
+    assert geo <= 1.035 and math.isfinite(worst), (geo, worst)
