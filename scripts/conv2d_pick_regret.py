@@ -49,8 +49,9 @@ def problem(row: dict, dtype: str = "float16"):
     return OP.make_problem(spec, attrs)
 
 
-def score(rows: list, device, verbose: bool = False) -> dict:
-    """Count-weighted sums (us) of the picks, the fastest schedules and cuDNN, per network prefix."""
+def score(rows: list, device, verbose: bool = False) -> tuple[dict, list]:
+    """Count-weighted sums (us) of the picks, the fastest schedules and cuDNN, per network prefix, over the
+    layers whose pick the sweep timed; and (layer, pick) of those it did not."""
     nets: dict = {}
     untimed = []
     for row in rows:
@@ -76,9 +77,7 @@ def score(rows: list, device, verbose: bool = False) -> dict:
             fastest = min(times, key=times.get)
             print(f"  {row['layer']:44s} pick {times[pick]:6.1f} best {best:6.1f} ({times[pick] / best:.2f}x) "
                   f"cuDNN {row['cudnn_us']:6.1f}\n      pick {pick[19:]}\n      best {fastest[19:]}")
-    for layer, pick in untimed:
-        print(f"  untimed pick: {layer}: {pick}")
-    return nets
+    return nets, untimed
 
 
 def main() -> None:
@@ -89,7 +88,9 @@ def main() -> None:
     args = ap.parse_args()
     device = dataclasses.replace(get_backend(target="sm_90").device, name=args.device)
     rows = distinct([r for path in args.sweeps for r in load(path)])
-    nets = score(rows, device, args.verbose)
+    nets, untimed = score(rows, device, args.verbose)
+    for layer, pick in untimed:
+        print(f"  untimed pick: {layer}: {pick}")
     total = {"pick": 0.0, "best": 0.0, "cudnn": 0.0, "sweep_pick": 0.0}
     print(f"{'network':22s} {'picks us':>9s} {'sweep us':>9s} {'best us':>9s} {'cuDNN us':>9s}  regret  "
           f"vs cuDNN (sum, geomean)  worst pick / best")

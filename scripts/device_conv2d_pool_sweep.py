@@ -1,8 +1,8 @@
 """Every schedule the conv2d heuristic chooses from, timed on real networks' layers, on the device, one
 call: the distinct ungrouped convolutions of torchvision networks (forward hooks, random weights) and
 the 19 large benchmark layers, fp16 channels_last; per layer each schedule of the heuristic's pool
-estimated within 2.5x of its pick, and every other algorithm's best-rated one, checked against float64 in a NaN-filled output, then timed
-by graph replay; cuDNN (benchmark mode, best of NCHW / channels_last) beside. The data for refitting
+estimated within 2.5x of its pick, and every other algorithm's best-rated one, checked against float64 in
+a NaN-filled output, then timed by graph replay; cuDNN (benchmark mode, best of NCHW / channels_last) beside. The data for refitting
 the cost model on a device and for scoring a heuristic by what its picks lose against the fastest
 schedule of the pool ("regret", scripts/conv2d_pick_regret.py).
 
@@ -32,6 +32,7 @@ from jitops.ops.base import TensorSpec  # noqa: E402
 from jitops.ops.conv2d_cost import estimate  # noqa: E402
 from jitops.prepared import clear_prepared  # noqa: E402
 
+from conv2d_pick_regret import layout_of  # noqa: E402
 from conv2d_devkit import CL, TDT, graph_us, pads4, pair, ref_f64, rel_err, vendor_times  # noqa: E402
 from device_conv2d_wgmma import BIG  # noqa: E402
 
@@ -117,9 +118,8 @@ def main() -> None:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(xs, device="cuda", dtype=td, generator=g).to(memory_format=CL)
         w = torch.randn(ws, device="cuda", dtype=td, generator=g) * (ws[1] * ws[2] * ws[3]) ** -0.5
-        layout = "" if xs[2] * xs[3] == 1 else "nhwc"     # C-contiguous too: jitops reads it as NCHW
-        p = OP.make_problem({"x": TensorSpec(xs, args.dtype, layout), "w": TensorSpec(ws, args.dtype), "bias": None},
-                            attrs)
+        p = OP.make_problem({"x": TensorSpec(xs, args.dtype, layout_of(xs)), "w": TensorSpec(ws, args.dtype),
+                             "bias": None}, attrs)
         if args.max_flops and p.flops >= args.max_flops:
             continue
         pick = OP.heuristic(p, device)

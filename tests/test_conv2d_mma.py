@@ -616,9 +616,8 @@ def test_wgmma_tma_h200_rules():
     512 -> 512 3x3 at 7 x 7, b32, now takes the 4-stage 64 x 128 tile: 17.5 us against 19.0 on the 6-stage
     one); on a device of at least TMA_FAST_MEMORY_BANDWIDTH (the H200) whole-chunk channels take the TMA kernel
     at TMA_MARGIN_WHOLE, and so do 1x1 filters over any channels (ResNet-50 b32's 128 -> 512 1x1 at 28 x 28: 12.6
-    us against 16.9 on the cp.async pick),
-    the H100 keeps TMA_MARGIN; from TMA_MIN_FLOPS_FAST_MEMORY flops there, not TMA_MIN_FLOPS; 3x3 filters into
-    32 channels keep the cp.async kernel."""
+    us against 16.9 on the cp.async pick), the H100 keeps TMA_MARGIN; from TMA_MIN_FLOPS_FAST_MEMORY flops there,
+    not TMA_MIN_FLOPS; 3x3 filters into 32 channels keep the cp.async kernel."""
     import dataclasses
     from jitops.ops import conv2d_wgmma as wg
     from jitops.ops.conv2d_cost import machine

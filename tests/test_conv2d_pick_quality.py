@@ -31,16 +31,14 @@ def test_h200_picks_on_real_layers():
     device = dataclasses.replace(jitops.get_backend(target="sm_90").device, name="NVIDIA H200")
     rows = regret.distinct([r for path in H200_SWEEPS for r in regret.load(str(path))])
     assert len(rows) == 319
-    picks = {id(r): str(regret.OP.heuristic(regret.problem(r), device)) for r in rows}
-    timed = [r for r in rows if picks[id(r)] in r["times"]]
-    assert len(timed) >= 300, f"only {len(timed)} of {len(rows)} picks were timed: the sweeps no longer cover them"
-    mine = sum(r["count"] * r["times"][picks[id(r)]] for r in timed)
-    best = sum(r["count"] * min(r["times"].values()) for r in timed)
+    nets, untimed = regret.score(rows, device)
+    assert len(rows) - len(untimed) >= 300, \
+        f"only {len(rows) - len(untimed)} of {len(rows)} picks were timed: the sweeps no longer cover them"
+    mine, best = sum(s["pick"] for s in nets.values()), sum(s["best"] for s in nets.values())
     assert mine / best <= 1.06, f"the picks take {mine / best:.3f}x the fastest schedules timed"
-    resnet = [r for r in timed if r["layer"].startswith("resnet50 b32")]
-    ours = sum(r["count"] * r["times"][picks[id(r)]] for r in resnet)
-    cudnn = sum(r["count"] * r["cudnn_us"] for r in resnet)
-    assert cudnn / ours >= 1.02, f"ResNet-50 b32's convolutions at {cudnn / ours:.3f}x cuDNN"
+    resnet = nets["resnet50 b32"]
+    ratio = resnet["cudnn"] / resnet["pick"]
+    assert ratio >= 1.02, f"ResNet-50 b32's convolutions at {ratio:.3f}x cuDNN"
 
 
 def test_h100_tma_choices():

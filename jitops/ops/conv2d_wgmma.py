@@ -579,10 +579,11 @@ TMA_WIDE_FILTER_MIN_COUT = 33
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
-    2026-11-26), at least TMA_MIN_FLOPS (TMA_MIN_FLOPS_FAST_MEMORY on the H200), a tile no wider than the problem, plain or persistent grids,
-    split-K where the tiles leave multiprocessors idle. Not for filters wider than 1x1 into 32 or fewer
-    channels: DenseNet-121's 128 -> 32 3x3 (b32, 56 x 56 / 28 x 28) ran 1.28x / 1.36x and Inception-v3's
-    32 -> 32 3x3 1.87x the cp.async kernel's fastest tile (H200, 2026-11-29 pool sweeps)."""
+    2026-11-26), at least TMA_MIN_FLOPS (TMA_MIN_FLOPS_FAST_MEMORY on the H200), a tile no wider than the
+    problem, plain or persistent grids, split-K where the tiles leave multiprocessors idle. Not for filters
+    wider than 1x1 into 32 or fewer channels: DenseNet-121's 128 -> 32 3x3 (b32, 56 x 56 / 28 x 28) ran
+    1.28x / 1.36x and Inception-v3's 32 -> 32 3x3 1.87x the cp.async kernel's fastest tile (H200,
+    2026-11-29 pool sweeps)."""
     min_flops = TMA_MIN_FLOPS_FAST_MEMORY if fast_memory(device) else TMA_MIN_FLOPS
     if tma_why_not(p, device) or p.cout % 8 or p.flops < min_flops or \
             (p.kh * p.kw > 1 and p.cout < TMA_WIDE_FILTER_MIN_COUT):
@@ -650,12 +651,6 @@ TMA_MARGIN = 1.1
 TMA_MARGIN_WHOLE = 0.9
 # Copy bandwidth (conv2d_cost.machine) from which a device takes the fast-memory constants above.
 TMA_FAST_MEMORY_BANDWIDTH = 4e12
-
-
-def fast_memory(device: DeviceInfo) -> bool:
-    """Whether the device copies at TMA_FAST_MEMORY_BANDWIDTH or more (of the sm_90 parts measured: the H200)."""
-    from .conv2d_cost import machine        # conv2d_cost imports this module: imported on use
-    return machine(device).bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
 UNRATED_TMA = 0.05
 # A call whose input, output and weights together fit in L2 (50 MB on the H100) and stay there between
 # calls (graph replays; in a network, the layer before just wrote the input) reads them at more than
@@ -668,12 +663,18 @@ UNRATED_TMA = 0.05
 # moved to a 3-way split measured 35.6-36.3 us against 29.6-30.2 for an unsplit 128 x 128 tile). Same-run
 # A/B against the previous estimate (run 2, 19:55): the 8 changed picks ran 1.18-1.52x faster.
 TMA_RESIDENT_BYTES = 40e6
+TMA_RESIDENT_BYTES_PER_S = 4.8e12
 # A tile rated at two blocks per multiprocessor (TMA_RATE: the pair's rate) whose grid has no more blocks
 # than multiprocessors runs one block on each, alone: one wave at this share of the pair's rate (the
 # estimate charged it two waves, 1.19-1.48x its measured time on four tiles; 0.8 scored best of 0.5-0.95 on
 # the H200 pool sweeps and left the H100 sweeps' picks as they were, 1.029 / 1.030x the fastest).
 TMA_LONE_SHARE = 0.8
-TMA_RESIDENT_BYTES_PER_S = 4.8e12
+
+
+def fast_memory(device: DeviceInfo) -> bool:
+    """Whether the device copies at TMA_FAST_MEMORY_BANDWIDTH or more (of the sm_90 parts measured: the H200)."""
+    from .conv2d_cost import machine        # conv2d_cost imports this module: imported on use
+    return machine(device).bandwidth >= TMA_FAST_MEMORY_BANDWIDTH
 
 
 def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float, launch_s: float,
