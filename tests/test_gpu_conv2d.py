@@ -9,6 +9,7 @@ import pytest
 import jitops
 from jitops.bench.conv2d import PROBLEMS, reference_f64
 from jitops.ops import get_op
+from jitops.ops.base import TensorSpec
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -529,3 +530,33 @@ def test_wgmma_tma_matches_float64(gpu_backend, dtype):
             assert not torch.isnan(y).any(), (s, xs)
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err <= tol, (s, xs, ws, attrs, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pointwise_stream_matches_float64(gpu_backend, dtype):
+    """The few-channel 1x1 stream (pointwise_mma), every schedule: K and N padded to 16 (24 -> 20), a
+    partial last tile, many tiles per block (16 -> 16 over 2 x 56 x 56 pixels), Cout odd (scalar stores),
+    K = 256 and N = 128 (the largest it takes), bias + residual + ReLU and leaky ReLU, NaN-filled outputs;
+    the heuristic's pick for MobileNet-v3's 16 -> 16 at 112 x 112."""
+    from jitops.ops import conv2d_pointwise as pw
+    if not gpu_backend.device.matrix_cores:
+        pytest.skip("pointwise_mma needs matrix cores")
+    tol = 4e-3 if dtype == torch.float16 else 2e-2
+    cases = (((1, 24, 9, 7), (20, 24, 1, 1), "relu"), ((2, 16, 56, 56), (16, 16, 1, 1), "relu"),
+             ((1, 40, 5, 7), (21, 40, 1, 1), "leaky_relu"), ((2, 256, 7, 9), (128, 256, 1, 1), "relu"))
+    for i, (xs, ws, act) in enumerate(cases):
+        x, w, b, r, ref = _tma_case(xs, ws, {}, dtype, seed=i, act=act, alpha=0.1)
+        name = str(dtype).split(".")[-1]
+        p = op.make_problem({"x": TensorSpec(xs, name, "nhwc"), "w": TensorSpec(ws, name), "bias": None}, {})
+        scheds = pw.candidates(p, gpu_backend.device)
+        assert scheds, xs
+        for s in scheds:
+            out = torch.full_like(ref, float("nan"), dtype=dtype).to(memory_format=torch.channels_last)
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, activation=act, alpha=0.1)
+            assert not torch.isnan(y).any(), (xs, s)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (xs, ws, s, err)
+    name = str(dtype).split(".")[-1]
+    mobilenet = op.make_problem({"x": TensorSpec((32, 16, 112, 112), name, "nhwc"),
+                                 "w": TensorSpec((16, 16, 1, 1), name), "bias": None}, {})
+    assert op.heuristic(mobilenet, gpu_backend.device).algorithm == pw.ALGORITHM

@@ -15,6 +15,7 @@ import numpy as np
 from ..device import DeviceInfo
 from . import conv2d_depthwise
 from . import conv2d_mma as mma
+from . import conv2d_pointwise
 from . import conv2d_stem
 from . import conv2d_wgmma
 from . import conv2d_schedules as schedules
@@ -119,6 +120,11 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                 "bias": TensorSpec((16,), dtype), "residual": TensorSpec((1, 16, 5, 4), dtype, "nhwc")},
                                {"padding": 1, "stride": 2, "activation": "relu"})
             out.append((rgb, conv2d_stem.schedule(16)))                               # few-channel stem, NHWC stores
+            thin = make_problem({"x": TensorSpec((1, 24, 9, 7), dtype, "nhwc"), "w": TensorSpec((20, 24, 1, 1), dtype),
+                                 "bias": TensorSpec((20,), dtype), "residual": TensorSpec((1, 20, 9, 7), dtype, "nhwc")},
+                                {"activation": "relu"})
+            if conv2d_pointwise.why_not(thin) is None and device.matrix_cores:
+                out.append((thin, conv2d_pointwise.schedule(2, 3, 4)))                # few-channel 1x1 stream
             if conv2d_wgmma.why_not(residual, device) is None:                    # sm_90a: one representative
                 out.append((residual, conv2d_wgmma.schedule(128, 128, 4, 1, split_k=1)))
                 res_nhwc = make_problem({"x": TensorSpec((2, 12, 9, 7), dtype, "nhwc"),

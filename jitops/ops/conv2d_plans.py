@@ -19,6 +19,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
 from . import conv2d_winograd as wino
@@ -28,7 +29,7 @@ from .conv2d_problem import Conv2dProblem
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
 WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
 ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
-              mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM)
+              mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM, pointwise.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
 
 
@@ -368,6 +369,8 @@ def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         return depthwise.plan_depthwise(p, s, device)
     if s.algorithm == stem.ALGORITHM:
         return stem.plan_stem(p, s, device)
+    if s.algorithm == pointwise.ALGORITHM:
+        return pointwise.plan_pointwise(p, s, device)
     if p.layout == "nhwc":
         return _plan_via_nchw(p, s, device)
     if not p.has_residual:

@@ -14,6 +14,7 @@ from ..errors import ScheduleError
 from .base import Schedule, ceil_div
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
 from .conv2d_cost import PARAMS, estimate
@@ -53,6 +54,8 @@ def applicable(p: Conv2dProblem, algorithm: str, device: DeviceInfo) -> bool:
         return depthwise.why_not(p) is None
     if algorithm == stem.ALGORITHM:
         return stem.why_not(p) is None
+    if algorithm == pointwise.ALGORITHM:
+        return pointwise.why_not(p) is None and device.matrix_cores
     if algorithm == "gemm_1x1":
         return p.is_pointwise
     if algorithm in WINOGRAD_M:
@@ -107,6 +110,8 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         out += depthwise.candidates(p)
     if stem.why_not(p) is None:
         out += stem.candidates(p, device)
+    if pointwise.why_not(p) is None and device.matrix_cores:
+        out += pointwise.candidates(p, device)
     return out
 
 
@@ -140,6 +145,9 @@ def _pool(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None) -> list[S
         # Kept: mma.sync reading an NCHW input in place (a_nchw), which wgmma cannot (it copies
         # the input to NHWC first).
         pool = [s for s in pool if s.algorithm != mma.ALGORITHM or mma.reads_nchw(s)]
+    # The few-channel 1x1 stream: its heuristic schedule only, where it rates it (conv2d_pointwise.rated).
+    pool = [s for s in pool if s.algorithm != pointwise.ALGORITHM] + \
+        pointwise.rated(p, device, explicit=algorithm == pointwise.ALGORITHM)
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]
         if not pool:
@@ -168,6 +176,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         raise ScheduleError(f"conv2d has no algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
     if algorithm is not None and not applicable(p, algorithm, device):
         reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not, stem.ALGORITHM: stem.why_not,
+                  pointwise.ALGORITHM: lambda q: pointwise.why_not(q) or f"{device.name} has no matrix cores",
                   wgmma.ALGORITHM: lambda q: wgmma.why_not(q, device)}.get(algorithm, lambda _: None)(p)
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
                             + (f": {reason}" if reason else ""))
