@@ -5,6 +5,7 @@ model or the rules is judged by the network-weighted time of its picks ("regret"
 than the fastest timed schedule), on layers it was not tuned on.
 
     PYTHONPATH=$PWD python3 scripts/conv2d_pick_regret.py SWEEP.json[.gz] [--device "NVIDIA H200"] [-v]
+        [--extra POINTWISE.json[.gz]]
 
 A pick the sweep did not time is reported and left out of the sums; a layer in several sweeps counts once,
 from the last sweep given.
@@ -34,6 +35,21 @@ def layout_of(xs) -> str:
     """The layout jitops reads a channels_last tensor of shape xs in: NCHW where that is C-contiguous too
     (1 x 1 pixels, as in squeeze-excitation layers)."""
     return "" if xs[2] * xs[3] == 1 else "nhwc"
+
+
+def merge_times(rows: list, extra: list) -> list:
+    """rows with the schedule times of another sweep of the same layers added where the row lacks them
+    (scripts/device_conv2d_pointwise.py times one kernel's schedules on layers the pool sweeps timed
+    before it existed); the row's own times stay."""
+    by_shape = {(tuple(e["x"]), tuple(e["w"])): e for e in extra}
+    out = []
+    for r in rows:
+        e = by_shape.get((tuple(r["x"]), tuple(r["w"])))
+        plain = all(v in (1, 0, [1, 1], [0, 0], [0, 0, 0, 0]) for v in r["attrs"].values())
+        if e is not None and plain:
+            r = {**r, "times": {**e["times"], **r["times"]}}
+        out.append(r)
+    return out
 
 
 def distinct(rows: list) -> list:
@@ -85,9 +101,13 @@ def main() -> None:
     ap.add_argument("sweeps", nargs="+")
     ap.add_argument("--device", default="NVIDIA H200", help="the sweep's device name (bandwidth by name)")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--extra", action="append", default=[],
+                    help="a sweep of some schedules on the same layers (pointwise.json): its times join the rows'")
     args = ap.parse_args()
     device = dataclasses.replace(get_backend(target="sm_90").device, name=args.device)
     rows = distinct([r for path in args.sweeps for r in load(path)])
+    for path in args.extra:
+        rows = merge_times(rows, load(path))
     nets, untimed = score(rows, device, args.verbose)
     for layer, pick in untimed:
         print(f"  untimed pick: {layer}: {pick}")
