@@ -9,7 +9,8 @@ these run first), and compute-sanitizer memcheck / racecheck on small cases.
     python3 scripts/device_conv2d_pointwise.py OUT_DIR [--nets mobilenet_v3_large:32,...] [--whole NETS]
         [--budget SECONDS] [--sanitize]
 
-Raw results: OUT_DIR/pointwise.json (rewritten after every layer), OUT_DIR/whole.json.
+Raw results: OUT_DIR/pointwise_LAYOUT.json (rewritten after every layer), OUT_DIR/whole_LAYOUT.json; --layout nchw
+runs the layers and networks in torch's default format (cuDNN's figure is still its better layout; both are kept).
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def without_pointwise():
 
 
 def check(x, w, ref, s, attrs, b=None, r=None, act=None, dtype="float16") -> float:
-    out = torch.full(tuple(ref.shape), float("nan"), dtype=x.dtype, device="cuda").to(memory_format=CL)
+    out = torch.full(tuple(ref.shape), float("nan"), dtype=x.dtype, device="cuda")
+    out = out.to(memory_format=CL) if x.is_contiguous(memory_format=CL) and not x.is_contiguous() else out
     y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, **({"activation": act} if act else {}), **attrs)
     torch.cuda.synchronize()
     return rel_err(y, ref)
@@ -72,15 +74,17 @@ def layer_rows(args, device) -> list:
                 layers.append(layer)
     rows = []
     for name, xs, ws, attrs, count in layers:
-        p = OP.make_problem({"x": TensorSpec(xs, "float16", "nhwc"), "w": TensorSpec(ws, "float16"), "bias": None},
-                            attrs)
+        nchw = args.layout == "nchw"
+        p = OP.make_problem({"x": TensorSpec(xs, "float16", "" if nchw else "nhwc"), "w": TensorSpec(ws, "float16"),
+                             "bias": None}, attrs)
         if pw.why_not(p) is not None or xs[2] * xs[3] == 1:     # a 1 x 1 image: channels_last is NCHW too
             continue
+        fmt = torch.contiguous_format if nchw else CL
         if time.time() - T0 > args.budget:
             print("budget spent", flush=True)
             break
         g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(xs, device="cuda", dtype=torch.float16, generator=g).to(memory_format=CL)
+        x = torch.randn(xs, device="cuda", dtype=torch.float16, generator=g).to(memory_format=fmt)
         w = torch.randn(ws, device="cuda", dtype=torch.float16, generator=g) * ws[1] ** -0.5
         with without_pointwise():
             old = OP.heuristic(p, device)
@@ -101,17 +105,19 @@ def layer_rows(args, device) -> list:
         # the pick with bias + residual + relu, and in bf16
         b = torch.randn(ws[0], device="cuda", dtype=torch.float16, generator=g)
         r = torch.randn((xs[0], ws[0], xs[2], xs[3]), device="cuda", dtype=torch.float16,
-                        generator=g).to(memory_format=CL)
+                        generator=g).to(memory_format=fmt)
         ref_e = ref_f64(x, w, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, residual=r, act="relu")
         sched = new if new.algorithm == pw.ALGORITHM else pw.candidates(p, device)[0]
         err_epi = check(x, w, ref_e, sched, attrs, b=b, r=r, act="relu")
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
         err_bf16 = check(xb, wb, ref_f64(xb, wb, None, (1, 1), (0, 0, 0, 0), (1, 1), 1), sched, attrs)
-        cudnn = min(vendor_times(x.contiguous(), w, None, attrs).values())
+        vendor = vendor_times(x.contiguous(), w, None, attrs)
+        cudnn = min(vendor.values())
         ours = [k for k in times if pw.ALGORITHM in k]
         best = min(ours, key=times.get) if ours else str(old)
         nan = float("nan")
-        row = {"layer": name, "x": xs, "w": ws, "count": count, "cudnn_us": cudnn, "old": str(old), "new": str(new),
+        row = {"layer": name, "x": xs, "w": ws, "count": count, "cudnn_us": cudnn, "cudnn": vendor, "layout": args.layout,
+               "old": str(old), "new": str(new),
                "old_est_us": t_old_est * 1e6, "times": times, "errs": errs, "ests": ests,
                "err_epilogue": err_epi, "err_bf16": err_bf16}
         rows.append(row)
@@ -121,7 +127,7 @@ def layer_rows(args, device) -> list:
               f"({t_old / t_new:.2f}x, {cudnn / t_new:.2f}x cuDNN)  best pointwise "
               f"{times.get(best, nan):6.1f} {best[len(pw.ALGORITHM) + 1:]}  epilogue/bf16 {'ok' if ok else 'WRONG'} "
               f"({err_epi:.1e}, {err_bf16:.1e})  ({time.time() - T0:.0f} s)", flush=True)
-        with open(os.path.join(args.out, "pointwise.json"), "w") as f:
+        with open(os.path.join(args.out, f"pointwise_{args.layout}.json"), "w") as f:
             json.dump(rows, f, indent=1)
         clear_prepared()
         gc.collect()
@@ -130,7 +136,10 @@ def layer_rows(args, device) -> list:
 
 
 def whole(args) -> None:
+    import device_conv2d_networks as nets
     from device_conv2d_networks import run_net
+    if args.layout == "nchw":
+        nets.CL = torch.contiguous_format           # both sides in torch's default format
     torch.backends.cudnn.benchmark = True
     rows = []
     for net in [n for n in args.whole.split(",") if n]:
@@ -143,13 +152,13 @@ def whole(args) -> None:
                     res[label].append(run_net(net, args.batch, torch.float16))
         best = {k: min(v, key=lambda r: r["jitops_us"]) for k, v in res.items()}
         torch_us = min(min(r["torch_us"], r["torch_us_2"]) for v in res.values() for r in v)
-        row = {"net": net, "batch": args.batch, "torch_us": torch_us, "old_us": best["old"]["jitops_us"],
+        row = {"net": net, "batch": args.batch, "layout": args.layout, "torch_us": torch_us, "old_us": best["old"]["jitops_us"],
                "new_us": best["new"]["jitops_us"], "passes": res}
         rows.append(row)
         print(f"{net:20} b{args.batch} torch {torch_us:8.0f} us  without {row['old_us']:8.0f} us "
               f"({torch_us / row['old_us']:.3f}x)  with {row['new_us']:8.0f} us ({torch_us / row['new_us']:.3f}x)  "
               f"with / without {row['old_us'] / row['new_us']:.3f}x", flush=True)
-        with open(os.path.join(args.out, "whole.json"), "w") as f:
+        with open(os.path.join(args.out, f"whole_{args.layout}.json"), "w") as f:
             json.dump(rows, f, indent=1)
 
 
@@ -159,11 +168,16 @@ def small_cases() -> None:
     for (n, cin, h, w_, cout), s, dt in (((2, 16, 15, 23, 16), pw.schedule(1, 3, 2), torch.float16),
                                         ((1, 24, 9, 7, 20), pw.schedule(2, 2, 4), torch.float16),
                                         ((1, 40, 5, 7, 21), pw.schedule(4, 4, 2), torch.bfloat16),
-                                        ((3, 64, 17, 19, 128), pw.schedule(1, 4, 2), torch.float16)):
-        x = torch.randn(n, cin, h, w_, device="cuda", dtype=dt).to(memory_format=CL)
+                                        ((3, 64, 17, 19, 128), pw.schedule(1, 4, 2), torch.float16),
+                                        ((5, 16, 5, 8, 16), pw.schedule(1, 3, 2), None),       # NCHW from here
+                                        ((2, 24, 4, 6, 21), pw.schedule(2, 2, 1), None),
+                                        ((3, 64, 8, 9, 128), pw.schedule(1, 4, 2), None)):
+        fmt = CL if dt is not None else torch.contiguous_format
+        dt = dt or torch.float16
+        x = torch.randn(n, cin, h, w_, device="cuda", dtype=dt).to(memory_format=fmt)
         wt = torch.randn(cout, cin, 1, 1, device="cuda", dtype=dt)
         b = torch.randn(cout, device="cuda", dtype=dt)
-        r = torch.randn(n, cout, h, w_, device="cuda", dtype=dt).to(memory_format=CL)
+        r = torch.randn(n, cout, h, w_, device="cuda", dtype=dt).to(memory_format=fmt)
         ref = ref_f64(x, wt, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, residual=r, act="relu")
         err = check(x, wt, ref, s, {}, b=b, r=r, act="relu")
         assert err <= TOL["bfloat16"], (n, cin, cout, s, err)
@@ -191,6 +205,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--budget", type=float, default=300)
     ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("--layout", choices=("nhwc", "nchw"), default="nhwc", help="of the layers and networks")
     ap.add_argument("--small", action="store_true", help="only the small cases (what --sanitize runs)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

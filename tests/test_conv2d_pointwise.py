@@ -25,8 +25,8 @@ def nhwc(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
 
-def run(rng, x_shape, cout, dtype, schedule, *, bias=True, residual=False, attrs=None):
-    """One NHWC call into a NaN-poisoned output; the error against float64."""
+def run(rng, x_shape, cout, dtype, schedule, *, bias=True, residual=False, attrs=None, layout="nhwc"):
+    """One call (NHWC, or NCHW with layout None) into a NaN-poisoned output; the error against float64."""
     attrs = attrs or {}
     cin = x_shape[1]
     spec = {"x": TensorSpec(x_shape, "float32"), "w": TensorSpec((cout, cin, 1, 1), "float32"),
@@ -38,11 +38,13 @@ def run(rng, x_shape, cout, dtype, schedule, *, bias=True, residual=False, attrs
     data = {k: v.astype(NP[dtype]) for k, v in op.random_inputs(p, rng).items()}
     ref = op.reference(p, {k: v.astype(np.float64) for k, v in data.items()})["y"]
     r = data.get("residual")
-    out = np.full(nhwc(ref).shape, np.nan, NP[dtype])
-    y = jitops.conv2d(nhwc(data["x"]), data["w"], data.get("bias"), residual=nhwc(r) if r is not None else None,
-                      layout="nhwc", out=out, schedule=schedule, **attrs)
+    store = nhwc if layout else (lambda a: a)
+    out = np.full(store(ref).shape, np.nan, NP[dtype])
+    y = jitops.conv2d(store(data["x"]), data["w"], data.get("bias"), residual=store(r) if r is not None else None,
+                      layout=layout, out=out, schedule=schedule, **attrs)
     assert y is out
-    got = y.astype(np.float64).transpose(0, 3, 1, 2)
+    got = y.astype(np.float64)
+    got = got.transpose(0, 3, 1, 2) if layout else got
     assert not np.isnan(got).any(), "output elements left unwritten"
     return rel_error(got, ref)
 
@@ -67,6 +69,23 @@ def test_pointwise_numerics(mma_emu, rng, case, dtype):
     assert err <= TOL[dtype], f"{case} {dtype}: {err:.3e}"
 
 
+# NCHW (H * W a multiple of 8): tiles crossing images (H * W = 40 over 64-pixel tiles), walks, K padded
+# 24 -> 32, Cout odd (8-pixel stores of one channel still whole), K = 64 over four k steps.
+NCHW_CASES = {
+    "walk_cross_images": ((5, 16, 5, 8), 16, pointwise.schedule(1, 3, 2), True, {"activation": "relu"}),
+    "pad_24_21": ((2, 24, 4, 6), 21, pointwise.schedule(2, 2, 1), True, {"activation": "leaky_relu", "alpha": 0.1}),
+    "k64_n40": ((1, 64, 8, 9), 40, pointwise.schedule(2, 2, 1), False, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NCHW_CASES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pointwise_nchw_numerics(mma_emu, rng, case, dtype):
+    x, cout, sched, residual, attrs = NCHW_CASES[case]
+    err = run(rng, x, cout, dtype, sched, residual=residual, attrs=attrs, layout=None)
+    assert err <= TOL[dtype], f"{case} {dtype}: {err:.3e}"
+
+
 def test_pointwise_walks_tiles(mma_emu):
     """The grid is persistent: fewer blocks than tiles where the pixels outnumber per_sm x SMs tiles."""
     p = op.make_problem({"x": TensorSpec((2, 16, 15, 23), "float16", "nhwc"),
@@ -86,7 +105,8 @@ def test_pointwise_refusals():
 
     ok = problem((1, 16, 8, 8), (16, 16, 1, 1))
     assert pointwise.why_not(ok) is None and pointwise.candidates(ok, h200)
-    for bad, match in ((problem((1, 16, 8, 8), (16, 16, 1, 1), layout=""), "NHWC"),
+    assert pointwise.why_not(problem((1, 16, 8, 8), (16, 16, 1, 1), layout="")) is None      # NCHW, 64 pixels
+    for bad, match in ((problem((1, 16, 5, 7), (16, 16, 1, 1), layout=""), "multiple of 8"),
                        (problem((1, 12, 8, 8), (16, 12, 1, 1)), "multiple of 8"),
                        (problem((1, 16, 8, 8), (16, 16, 3, 3), padding=1), "1x1"),
                        (problem((1, 16, 8, 8), (16, 16, 1, 1), stride=2), "stride 1"),

@@ -537,7 +537,7 @@ def test_pointwise_stream_matches_float64(gpu_backend, dtype):
     """The few-channel 1x1 stream (pointwise_mma), every schedule: K and N padded to 16 (24 -> 20), a
     partial last tile, many tiles per block (16 -> 16 over 2 x 56 x 56 pixels), Cout odd (scalar stores),
     K = 256 and N = 128 (the largest it takes), bias + residual + ReLU and leaky ReLU, NaN-filled outputs;
-    the heuristic's pick for MobileNet-v3's 16 -> 16 at 112 x 112."""
+    the same in NCHW; the heuristic's pick for MobileNet-v3's 16 -> 16 at 112 x 112."""
     from jitops.ops import conv2d_pointwise as pw
     if not gpu_backend.device.matrix_cores:
         pytest.skip("pointwise_mma needs matrix cores")
@@ -556,6 +556,21 @@ def test_pointwise_stream_matches_float64(gpu_backend, dtype):
             assert not torch.isnan(y).any(), (xs, s)
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err <= tol, (xs, ws, s, err)
+    # NCHW (torch's default format): tiles across images (H * W = 40), Cout odd, K = 256 / N = 128.
+    for i, (xs, ws, act) in enumerate((((5, 16, 5, 8), (16, 16, 1, 1), "relu"), ((2, 24, 4, 6), (21, 24, 1, 1), "leaky_relu"),
+                                       ((2, 256, 8, 9), (128, 256, 1, 1), "relu"), ((2, 16, 56, 56), (64, 16, 1, 1), "relu"))):
+        x, w, b, r, ref = _tma_case(xs, ws, {}, dtype, seed=10 + i, act=act, alpha=0.1)
+        x, r = x.contiguous(), r.contiguous()
+        name = str(dtype).split(".")[-1]
+        p = op.make_problem({"x": TensorSpec(xs, name), "w": TensorSpec(ws, name), "bias": None}, {})
+        scheds = pw.candidates(p, gpu_backend.device)
+        assert scheds, xs
+        for s in scheds:
+            out = torch.full_like(ref, float("nan"), dtype=dtype).contiguous()
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, activation=act, alpha=0.1)
+            assert not torch.isnan(y).any(), (xs, s)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, ("nchw", xs, ws, s, err)
     name = str(dtype).split(".")[-1]
     mobilenet = op.make_problem({"x": TensorSpec((32, 16, 112, 112), name, "nhwc"),
                                  "w": TensorSpec((16, 16, 1, 1), name), "bias": None}, {})

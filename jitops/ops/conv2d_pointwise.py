@@ -8,7 +8,8 @@ one tile). This kernel keeps the whole weight matrix in shared memory, walks pix
 persistent grid with several tiles' loads in flight, and stores from the accumulators.
 
 Scope: NHWC input read in place (Cin a multiple of 8, so every 16-byte copy is one pixel's
-channels), 1x1 / stride 1 / no padding, one group, fp16 / bf16, Cin <= 256, Cout <= 128; bias,
+channels) or NCHW (H * W a multiple of 8: 16-byte copies of 8 pixels of a channel), 1x1 / stride 1 /
+no padding, one group, fp16 / bf16, Cin <= 256, Cout <= 128; bias,
 residual and activation fused (16-byte stores where Cout % 8 == 0). `estimate` rates it by its bytes (it is a stream) next to the other
 kernels' estimates.
 """
@@ -58,9 +59,11 @@ def why_not(p: Conv2dProblem) -> str | None:
         return f"pointwise_mma takes float16 or bfloat16 (got {p.dtype})"
     if not p.is_pointwise or p.groups != 1:
         return "pointwise_mma takes 1x1 convolutions with stride 1, no padding and one group"
-    if p.layout != "nhwc" or p.cin % 8:
-        return (f"pointwise_mma reads an NHWC (channels_last) input in place with a multiple of 8 channels "
-                f"(got {'NHWC' if p.layout == 'nhwc' else 'NCHW'}, {p.cin} channels)")
+    if p.cin % 8:
+        return f"pointwise_mma takes a multiple of 8 input channels (got {p.cin})"
+    if p.layout != "nhwc" and (p.h * p.w) % 8:
+        return (f"pointwise_mma reads an NCHW input in 8-pixel runs: H * W must be a multiple of 8 "
+                f"(got {p.h} x {p.w}; channels_last has no such limit)")
     if p.cin > MAX_CIN or p.cout > MAX_COUT:
         return (f"pointwise_mma is for at most {MAX_CIN} input and {MAX_COUT} output channels "
                 f"(got {p.cin} -> {p.cout})")
@@ -77,10 +80,12 @@ def padded(p: Conv2dProblem) -> tuple[int, int]:
 
 
 def shared_bytes(p: Conv2dProblem, mt: int, stages: int) -> int:
-    """The weights and the ring of pixel tiles (rows padded by 16 bytes), and each warp's 16 fp32
-    epilogue rows."""
+    """The weights and the ring of pixel tiles (rows padded by 16 bytes; NCHW: channel rows of the tile's
+    pixels), and each warp's 16 fp32 epilogue rows."""
     kp, np_ = padded(p)
-    return (np_ + stages * WARPS * mt * 16) * (kp + 8) * p.itemsize + WARPS * 16 * (np_ + 8) * 4
+    bm = WARPS * mt * 16
+    stage = kp * (bm + 8) if p.layout != "nhwc" else bm * (kp + 8)
+    return (np_ * (kp + 8) + stages * stage) * p.itemsize + WARPS * 16 * (np_ + 8) * 4
 
 
 def _threads(device: DeviceInfo) -> int:
@@ -153,15 +158,17 @@ def plan_pointwise(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     threads = _threads(device)
     tiles, blocks = grid_blocks(p, s, device)
     idx = index_type(p.pixels * max(p.cin, p.cout) + 64, p.cout * p.cin + 64)
-    vec_out = p.cout % 8 == 0
+    nchw = p.layout != "nhwc"
+    vec_out = nchw or p.cout % 8 == 0         # NCHW: 8 pixels of a channel per store (H * W % 8 == 0)
     params = {"ctype": C_TYPE[p.dtype], "index_type": idx, "KP": kp, "NP": np_, "WARPS": WARPS, "MT": mt,
               "STAGES": stages, "threads": threads, "min_blocks": per_sm, "async_copy": device.backend == "cuda",
               "has_bias": p.has_bias, "has_residual": p.has_residual, "activation": p.activation,
-              "vec_out": vec_out}
-    out_align = 16 if vec_out else 0          # 8 channels of y, residual and bias at once
-    args = (Buf("x", align=16), Buf("w", align=16), *((Buf("bias", align=out_align),) if p.has_bias else ()),
+              "vec_out": vec_out, "nchw": nchw}
+    out_align = 16 if vec_out else 0          # 8 outputs of y and residual (NHWC: and bias) at once
+    bias_align = 0 if nchw else out_align
+    args = (Buf("x", align=16), Buf("w", align=16), *((Buf("bias", align=bias_align),) if p.has_bias else ()),
             *((Buf("residual", align=out_align),) if p.has_residual else ()), Buf("y", align=out_align),
-            *(Scalar("i32", v) for v in (p.pixels, p.cin, p.cout, tiles)), Scalar("f32", p.alpha))
+            *(Scalar("i32", v) for v in (p.pixels, p.cin, p.cout, p.h * p.w, tiles)), Scalar("f32", p.alpha))
     return Plan(launches=(Launch.make("conv2d/pointwise.hip.j2", "conv2d_pointwise_mma", params, (blocks,),
                                       (threads,), args, shared_bytes(p, mt, stages)),))
 
