@@ -125,6 +125,8 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                 {"activation": "relu"})
             if conv2d_pointwise.why_not(thin) is None and device.matrix_cores:
                 out.append((thin, conv2d_pointwise.schedule(2, 3, 4)))                # few-channel 1x1 stream
+                thin_nchw = _problem((2, 24, 4, 6), (21, 24, 1, 1), dtype, bias=True, residual=True, activation="relu")
+                out.append((thin_nchw, conv2d_pointwise.schedule(1, 2, 2)))           # the same on NCHW
             if conv2d_wgmma.why_not(residual, device) is None:                    # sm_90a: one representative
                 out.append((residual, conv2d_wgmma.schedule(128, 128, 4, 1, split_k=1)))
                 res_nhwc = make_problem({"x": TensorSpec((2, 12, 9, 7), dtype, "nhwc"),
