@@ -136,12 +136,18 @@ def test_pointwise_heuristic_rule():
 
     mobilenet = problem(32, 16, 112, 16)                 # H200, 12:33: 9.4 us against 31.4 (cuDNN 12.6)
     pick = op.heuristic(mobilenet, h200)
-    assert pick == pointwise.schedule(2, 3, 2) and "estimated" in pick.why
+    assert pick == pointwise.schedule(2, 4, 2) and "estimated" in pick.why
     assert pointwise.ALGORITHM in op.heuristic(problem(32, 144, 56, 24), h200).algorithm     # K x N = 4608
     for p in (problem(32, 64, 56, 64 + 16),              # 64 x 80 padded multiply-adds per pixel
               problem(1, 16, 112, 16),                   # 12544 pixels
               problem(32, 256, 56, 64)):                 # ResNet-50's 256 -> 64: the tiled GEMMs
         assert op.heuristic(p, h200).algorithm != pointwise.ALGORITHM, p.describe()
+    nchw = op.make_problem({"x": TensorSpec((32, 32, 112, 112), "float16"), "w": TensorSpec((16, 32, 1, 1), "float16"),
+                            "bias": None}, {})
+    assert op.heuristic(nchw, h200).algorithm == pointwise.ALGORITHM           # EfficientNet's 32 -> 16 in NCHW
+    assert pointwise.estimate(nchw, pick, h200, 4.2e12, 2e-6) > pointwise.estimate(
+        op.make_problem({"x": TensorSpec((32, 32, 112, 112), "float16", "nhwc"), "w": TensorSpec((16, 32, 1, 1), "float16"),
+                         "bias": None}, {}), pick, h200, 4.2e12, 2e-6)           # NCHW's own, slower constants
     assert op.heuristic(mobilenet, a100).algorithm != pointwise.ALGORITHM       # not measured off sm_90
     assert pointwise.candidates(mobilenet, a100)                                # the tuner still times it
     assert op.heuristic(mobilenet, a100, pointwise.ALGORITHM).algorithm == pointwise.ALGORITHM
