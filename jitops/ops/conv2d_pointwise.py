@@ -5,13 +5,14 @@ at 112 x 112) are plain GEMMs with M in the hundreds of thousands and K, N of 16
 per multiply-add, so DRAM (or L2) bound. The tiled GEMMs ran them at 1.5-2.5x cuDNN's time on the
 H200 (2026-11-29 pool sweeps: the 64-wide K step pads K = 16 four times, each block waits for its
 one tile). This kernel keeps the whole weight matrix in shared memory, walks pixel tiles over a
-persistent grid with several tiles' loads in flight, and stores from the accumulators.
+persistent grid with several tiles' loads in flight, and stores through each warp's fp32 rows in
+shared memory, 16 bytes per lane.
 
-Scope: NHWC input read in place (Cin a multiple of 8, so every 16-byte copy is one pixel's
-channels) or NCHW (H * W a multiple of 8: 16-byte copies of 8 pixels of a channel), 1x1 / stride 1 /
-no padding, one group, fp16 / bf16, Cin <= 256, Cout <= 128; bias,
-residual and activation fused (16-byte stores where Cout % 8 == 0). `estimate` rates it by its bytes (it is a stream) next to the other
-kernels' estimates.
+Scope: fp16 / bf16, 1x1 / stride 1 / no padding, one group, Cin a multiple of 8 and at most 256, Cout at
+most 128; the input read in place, NHWC (every 16-byte copy one pixel's channels) or NCHW (H * W a
+multiple of 8: copies of 8 pixels of one channel); bias, residual and activation fused. `estimate` rates
+it by its bytes (it is a stream) and its padded products, next to the other kernels' estimates; `rated`
+says where the heuristic considers it.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class PointwiseCost:
     nchw_read_share: float = 1.64
     nchw_write_share: float = 0.64
     nchw_mma_share: float = 0.16
+
+
 COST = PointwiseCost()
 
 
@@ -195,9 +198,10 @@ MIN_RATED_PIXELS = 50000
 
 
 def rated(p: Conv2dProblem, device: DeviceInfo, explicit: bool = False) -> list[Schedule]:
-    """The one schedule the heuristic rates against the other kernels, or none: only on sm_90 (the
-    devices it was measured on; elsewhere the tuner still times its candidates), within MAX_RATED_MACS
-    unless the caller named the algorithm (explicit)."""
+    """The one schedule the heuristic rates against the other kernels (the first of HEURISTIC_ORDER that
+    fits), or none: only on sm_90 (the devices it was measured on; elsewhere the tuner still times its
+    candidates), and within MAX_RATED_MACS and from MIN_RATED_PIXELS, unless the caller named the
+    algorithm (explicit)."""
     if why_not(p) is not None or not device.matrix_cores or not (explicit or device.arch.startswith("sm_9")):
         return []
     kp, np_ = padded(p)
