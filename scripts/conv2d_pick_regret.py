@@ -5,7 +5,7 @@ model or the rules is judged by the network-weighted time of its picks ("regret"
 than the fastest timed schedule), on layers it was not tuned on.
 
     PYTHONPATH=$PWD python3 scripts/conv2d_pick_regret.py SWEEP.json[.gz] [--device "NVIDIA H200"] [-v]
-        [--extra POINTWISE.json[.gz]]
+        [--extra POINTWISE_nhwc.json[.gz]]
 
 A pick the sweep did not time is reported and left out of the sums; a layer in several sweeps counts once,
 from the last sweep given.
