@@ -36,7 +36,8 @@ from jitops.ops.conv2d_cost import estimate  # noqa: E402
 from jitops.prepared import clear_prepared  # noqa: E402
 
 from conv2d_devkit import CL, graph_us, ref_f64, rel_err, vendor_times  # noqa: E402
-from device_conv2d_pool_sweep import network_layers  # noqa: E402
+from conv2d_pick_regret import layout_of  # noqa: E402
+from device_conv2d_pool_sweep import distinct_layers  # noqa: E402
 
 OP = get_op("conv2d")
 T0 = time.time()
@@ -64,20 +65,12 @@ def check(x, w, ref, s, attrs, b=None, r=None, act=None, dtype="float16") -> flo
 
 
 def layer_rows(args, device) -> list:
-    layers, seen = [], set()
-    for item in args.nets.split(","):
-        net, batch = item.split(":")
-        for layer in network_layers(net, int(batch)):
-            key = (layer[1], layer[2], str(layer[3]))
-            if key not in seen:
-                seen.add(key)
-                layers.append(layer)
     rows = []
-    for name, xs, ws, attrs, count in layers:
+    for name, xs, ws, attrs, count in distinct_layers(args.nets):
         nchw = args.layout == "nchw"
-        p = OP.make_problem({"x": TensorSpec(xs, "float16", "" if nchw else "nhwc"), "w": TensorSpec(ws, "float16"),
-                             "bias": None}, attrs)
-        if pw.why_not(p) is not None or xs[2] * xs[3] == 1:     # a 1 x 1 image: channels_last is NCHW too
+        p = OP.make_problem({"x": TensorSpec(xs, "float16", "" if nchw else layout_of(xs)),
+                             "w": TensorSpec(ws, "float16"), "bias": None}, attrs)
+        if pw.why_not(p) is not None:      # a 1 x 1 image is NCHW (layout_of), which takes H * W % 8 == 0
             continue
         fmt = torch.contiguous_format if nchw else CL
         if time.time() - T0 > args.budget:

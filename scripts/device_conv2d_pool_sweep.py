@@ -66,6 +66,21 @@ def network_layers(net: str, batch: int) -> list:
              {"stride": st, "padding": pd, "dilation": dl}, n) for (xs, ws, st, pd, dl), n in found.items()]
 
 
+def distinct_layers(nets: str, seen: set | None = None) -> list:
+    """network_layers of every "net:batch" in the comma-separated nets, each layer (shapes and attributes)
+    once, leaving out those whose key is in seen."""
+    seen = set() if seen is None else seen
+    layers = []
+    for item in nets.split(","):
+        net, batch = item.split(":")
+        for layer in network_layers(net, int(batch)):
+            key = (layer[1], layer[2], str(layer[3]))
+            if key not in seen:
+                seen.add(key)
+                layers.append(layer)
+    return layers
+
+
 def shortlist(p, pick, device) -> list:
     """The pick, every schedule of the pool estimated within RANGE x of it, and each other algorithm's
     best-rated schedule (the pool holds some 200-370 schedules per layer: too many to time them all)."""
@@ -102,13 +117,7 @@ def main() -> None:
         with open(args.skip) as f:
             seen = {(tuple(r["x"]), tuple(r["w"]), str({k: tuple(v) if isinstance(v, list) else v
                                                          for k, v in r["attrs"].items()})) for r in json.load(f)}
-    for item in args.nets.split(","):
-        net, batch = item.split(":")
-        for layer in network_layers(net, int(batch)):
-            key = (layer[1], layer[2], str(layer[3]))
-            if key not in seen:
-                seen.add(key)
-                layers.append(layer)
+    layers += distinct_layers(args.nets, seen)
     print(f"{len(layers)} layers", flush=True)
     rows, td = [], TDT[args.dtype]
     for name, xs, ws, attrs, count in layers:
