@@ -3,50 +3,25 @@
 the scalar stores, and the cases it refuses."""
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
 import pytest
 
-import jitops
 from jitops.device import KNOWN_TARGETS
 from jitops.errors import ScheduleError
 from jitops.ops import conv2d_pointwise as pointwise
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
 
-from conftest import rel_error
+from test_conv2d_mma import TOL
+from test_conv2d_mma import run as run_conv2d
 
 op = get_op("conv2d")
-TOL = {"float16": 2e-3, "bfloat16": 1e-2}
-NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-
-
-def nhwc(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
 
 
 def run(rng, x_shape, cout, dtype, schedule, *, bias=True, residual=False, attrs=None, layout="nhwc"):
-    """One call (NHWC, or NCHW with layout None) into a NaN-poisoned output; the error against float64."""
-    attrs = attrs or {}
-    cin = x_shape[1]
-    spec = {"x": TensorSpec(x_shape, "float32"), "w": TensorSpec((cout, cin, 1, 1), "float32"),
-            "bias": TensorSpec((cout,), "float32") if bias else None}
-    p = op.make_problem(spec, attrs)
-    if residual:
-        spec["residual"] = p.outputs()["y"]
-        p = op.make_problem(spec, attrs)
-    data = {k: v.astype(NP[dtype]) for k, v in op.random_inputs(p, rng).items()}
-    ref = op.reference(p, {k: v.astype(np.float64) for k, v in data.items()})["y"]
-    r = data.get("residual")
-    store = nhwc if layout else (lambda a: a)
-    out = np.full(store(ref).shape, np.nan, NP[dtype])
-    y = jitops.conv2d(store(data["x"]), data["w"], data.get("bias"), residual=store(r) if r is not None else None,
-                      layout=layout, out=out, schedule=schedule, **attrs)
-    assert y is out
-    got = y.astype(np.float64)
-    got = got.transpose(0, 3, 1, 2) if layout else got
-    assert not np.isnan(got).any(), "output elements left unwritten"
-    return rel_error(got, ref)
+    """One 1x1 call (NHWC, or NCHW with layout None) into a NaN-poisoned output, through test_conv2d_mma's
+    helper; the error against float64."""
+    return run_conv2d(rng, x_shape, (cout, x_shape[1], 1, 1), attrs or {}, dtype, schedule, bias=bias,
+                      residual=residual, layout=layout)
 
 
 # (x shape, Cout, schedule, residual, attrs): 16 -> 16 over more tiles than blocks (each block walks 3-4,

@@ -135,18 +135,18 @@ def _fits_resident(p: Conv2dProblem, mt: int, stages: int, per_sm: int, device: 
             and per_sm * threads * registers(p, mt) <= device.registers_per_multiprocessor)
 
 
+def _fits(p: Conv2dProblem, mt: int, stages: int, per_sm: int, device: DeviceInfo) -> bool:
+    """The tile plans here and per_sm of its blocks fit a multiprocessor."""
+    try:
+        _check(p, mt, stages, per_sm, device)
+    except ScheduleError:
+        return False
+    return _fits_resident(p, mt, stages, per_sm, device)
+
+
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
-    out = []
-    for mt in MTS:
-        for stages in STAGES:
-            for per_sm in BLOCKS_PER_SM:
-                try:
-                    _check(p, mt, stages, per_sm, device)
-                except ScheduleError:
-                    continue
-                if _fits_resident(p, mt, stages, per_sm, device):
-                    out.append(schedule(mt, stages, per_sm))
-    return out
+    return [schedule(mt, stages, per_sm) for mt in MTS for stages in STAGES for per_sm in BLOCKS_PER_SM
+            if _fits(p, mt, stages, per_sm, device)]
 
 
 def _tile_of(s: Schedule) -> tuple[int, int, int]:
@@ -207,11 +207,9 @@ def rated(p: Conv2dProblem, device: DeviceInfo, explicit: bool = False) -> list[
     kp, np_ = padded(p)
     if (kp * np_ > MAX_RATED_MACS or p.pixels < MIN_RATED_PIXELS) and not explicit:
         return []
-    fitting = set(candidates(p, device))
     for mt, stages, per_sm in HEURISTIC_ORDER:
-        s = schedule(mt, stages, per_sm)
-        if s in fitting:
-            return [s]
+        if _fits(p, mt, stages, per_sm, device):
+            return [schedule(mt, stages, per_sm)]
     return []
 
 
