@@ -55,7 +55,7 @@ def swap_convs(module: torch.nn.Module) -> int:
     return n
 
 
-def calibrate(model: torch.nn.Module, batches: int = 2) -> None:
+def calibrate(model: torch.nn.Module, size: int = 224, batches: int = 2) -> None:
     """BatchNorm running statistics from random inputs (cumulative over a few batches in train mode):
     with torchvision's initial statistics (mean 0, variance 1) the activations of MobileNet / EfficientNet
     shrink or overflow layer by layer in fp16 and both outputs come out all zero or inf, which makes the
@@ -67,7 +67,7 @@ def calibrate(model: torch.nn.Module, batches: int = 2) -> None:
     model.train()
     with torch.no_grad():
         for _ in range(batches):
-            model(torch.randn(8, 3, 224, 224, device="cuda"))
+            model(torch.randn(8, 3, size, size, device="cuda"))
     model.eval()
 
 
@@ -75,7 +75,7 @@ def run_net(name: str, batch: int, dtype: torch.dtype) -> dict:
     import torchvision.models as tvm
     torch.manual_seed(0)
     model32 = getattr(tvm, name)().cuda()
-    calibrate(model32)
+    calibrate(model32, 299 if name == "inception_v3" else 224)      # its auxiliary head (train mode) needs 299
     x32 = torch.randn(batch, 3, 224, 224, device="cuda")
     with torch.no_grad():
         ref = model32(x32).double()

@@ -1,7 +1,7 @@
 """The conv2d heuristic scored on recorded device sweeps (docs/data): what its picks take against the fastest
 schedule timed there. A cost-model or rule change that slows the picks down on real layers fails here, on
-the CPU, before anyone times it on a GPU. The bounds sit just above the figures of 2026-11-29 (H200: 1.054x
-the fastest over 303 layers; H100 TMA choices: 1.030x)."""
+the CPU, before anyone times it on a GPU. The bounds sit just above the figures of 2026-11-29 (H200: 1.025x
+the fastest over 307 layers with the ranking-aware rates, 1.044x before them; H100 TMA choices: 1.030x)."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +27,9 @@ def _scripts():
 def test_h200_picks_on_real_layers():
     """Every recorded layer (pool sweeps of ResNet-50 b1-b32, DenseNet-121, EfficientNet-B0 / B3, Inception-v3,
     MobileNet-v3, VGG-16 and the 19 large layers): the picks, weighted by how often each network runs a
-    layer, within 6% of the fastest schedule timed, nearly all of them timed, ResNet-50 b32's convolutions
-    ahead of cuDNN's, MobileNet-v3's and EfficientNet-B0's no further behind than with the few-channel 1x1
-    stream."""
+    layer, within 3% of the fastest schedule timed, nearly all of them timed, ResNet-50 b32's convolutions
+    5% ahead of cuDNN's (3% before the ranking-aware rates), MobileNet-v3's and EfficientNet-B0's no further
+    behind than with the few-channel 1x1 stream."""
     _scripts()
     import conv2d_pick_regret as regret
     device = dataclasses.replace(jitops.get_backend(target="sm_90").device, name="NVIDIA H200")
@@ -41,8 +41,8 @@ def test_h200_picks_on_real_layers():
     assert len(rows) - len(untimed) >= 300, \
         f"only {len(rows) - len(untimed)} of {len(rows)} picks were timed: the sweeps no longer cover them"
     mine, best = sum(s["pick"] for s in nets.values()), sum(s["best"] for s in nets.values())
-    assert mine / best <= 1.06, f"the picks take {mine / best:.3f}x the fastest schedules timed"
-    for net, floor in (("resnet50 b32", 1.02), ("mobilenet_v3_large b32", 0.84), ("efficientnet_b0 b32", 1.0)):
+    assert mine / best <= 1.03, f"the picks take {mine / best:.3f}x the fastest schedules timed"
+    for net, floor in (("resnet50 b32", 1.05), ("mobilenet_v3_large b32", 0.84), ("efficientnet_b0 b32", 1.0)):
         ratio = nets[net]["cudnn"] / nets[net]["pick"]       # MobileNet / EfficientNet: 0.73x / 0.97x before the stream
         assert ratio >= floor, f"{net}'s convolutions at {ratio:.3f}x cuDNN"
 
