@@ -159,10 +159,10 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
             refs[n] = arrays.wrap(r.obj.contiguous(), n, op_name, "")
     host = arrays.check_placement(refs, backend, op_name)
     call_key = (op_name, id(backend), schedule,
-                tuple((n, r.shape, r.dtype, r.layout) for n, r in refs.items()), frozen_items(attrs))
+                tuple((n, r.shape, r.dtype, r.layout, r.pitch) for n, r in refs.items()), frozen_items(attrs))
     prepared = _cache.by_call.get(call_key)
     if prepared is None:
-        specs = {n: TensorSpec(tuple(r.shape), r.dtype, r.layout) for n, r in refs.items()}
+        specs = {n: TensorSpec(tuple(r.shape), r.dtype, r.layout, r.pitch) for n, r in refs.items()}
         specs.update({n: None for n in tensors if tensors[n] is None})
         problem = op.make_problem(specs, op_attrs)
         backend.require_device(f"run {op_name}")
@@ -206,7 +206,8 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
         given = (out or {}).get(name)
         if given is not None:
             ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
-            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout:
+            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout \
+                    or ref.pitch != spec.pitch:
                 raise ArgumentError("out", f"shape {spec.storage_shape}{' ' + arrays.LAYOUTS[spec.layout][1] if spec.layout else ''} "
                                     f"and dtype {spec.dtype}",
                                     f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
