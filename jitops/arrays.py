@@ -304,6 +304,15 @@ def logical_shape(storage: tuple, layout: str) -> tuple:
     return tuple(storage)
 
 
+def same_memory_order(shape: Sequence[int], layout: str, other: str) -> bool:
+    """Whether two layouts store an array of this logical shape identically: their memory orders agree
+    on the axes longer than 1 (a bshd [B, H, 1, D] array is also C-contiguous)."""
+    def order(name: str) -> list[int]:
+        perm = LAYOUTS[name][0] if name in LAYOUTS else tuple(range(len(shape)))
+        return [ax for ax in perm if shape[ax] != 1]
+    return order(layout) == order(other)
+
+
 def inverse_permutation(layout: str) -> tuple[int, ...]:
     """The permutation that views a storage-order tensor in logical order (torch .permute)."""
     perm = LAYOUTS[layout][0]

@@ -205,12 +205,13 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     for name, spec in out_specs.items():
         given = (out or {}).get(name)
         if given is not None:
-            ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
-            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout \
-                    or ref.pitch != spec.pitch:
+            ref = _wrap_out(given, _out_argument(name, out_specs), p.op, spec)
+            if ref is None:
+                ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
                 raise ArgumentError("out", f"shape {spec.storage_shape}{' ' + arrays.LAYOUTS[spec.layout][1] if spec.layout else ''} "
-                                    f"and dtype {spec.dtype}",
-                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
+                                    f"and dtype {spec.dtype}{', dense' if spec.layout == 'bshd' else ''}",
+                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}"
+                                    f"{f' with rows {ref.pitch} elements apart' if ref.pitch else ''}", op=p.op)
             if ref.host != host:
                 raise ArgumentError("out", "an array on the same side as the inputs", ref.describe(), op=p.op)
             obj, ptr = given, ref.ptr
@@ -254,6 +255,18 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             backend.free(dptr)
     values = [results[n] for n in out_specs]
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _wrap_out(given: Any, argument: str, op: str, spec: TensorSpec) -> arrays.ArrayRef | None:
+    """A given output that is stored as `spec` says, or None. Read as declared in the spec's layout first
+    (arrays whose own shape is the storage's), then as itself: a torch view whose memory is the layout's
+    while it is also C-contiguous (a bshd output with one query row)."""
+    for layout in dict.fromkeys((spec.layout, "")):
+        ref = arrays.wrap(given, argument, op, layout)
+        if (tuple(ref.shape) == tuple(spec.shape) and ref.dtype == spec.dtype and ref.pitch == spec.pitch
+                and arrays.same_memory_order(spec.shape, ref.layout, spec.layout)):
+            return ref
+    return None
 
 
 def _out_argument(name: str, out_specs: Mapping[str, Any]) -> str:
