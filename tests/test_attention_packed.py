@@ -87,6 +87,15 @@ def test_views_are_read_as_pitched_bshd(style):
         assert ref.nbytes == ((2 * 9 - 1) * pitch + t.shape[1] * 16) * 4
 
 
+def test_one_batch_takes_any_batch_stride(emu):
+    """B == 1: the batch stride is never used, so any is accepted (a slice of a larger buffer)."""
+    h, s, d, pitch = 4, 9, 16, 3 * 64
+    rows = torch.randn(12345 + s * pitch)
+    q, k, v = (rows.as_strided((1, h, s, d), (12345, d, pitch, 1), off) for off in (0, h * d, 2 * h * d))
+    assert arrays.memory_format(q) == ("bshd", pitch) and not q.is_contiguous()
+    check(q, k, v, causal=True, schedule="fused")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("algorithm", ["fused", "three_stage", "naive"])
 def test_simt_kernels_on_packed_views(emu, dtype, algorithm):
