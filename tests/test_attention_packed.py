@@ -89,7 +89,7 @@ def test_views_are_read_as_pitched_bshd(style):
 
 def test_one_batch_takes_any_batch_stride(emu):
     """B == 1: the batch stride is never used, so any is accepted (a slice of a larger buffer)."""
-    h, s, d, pitch = 4, 9, 16, 3 * 64
+    h, s, d, pitch = 4, 9, 32, 3 * 128
     rows = torch.randn(12345 + s * pitch)
     q, k, v = (rows.as_strided((1, h, s, d), (12345, d, pitch, 1), off) for off in (0, h * d, 2 * h * d))
     assert arrays.memory_format(q) == ("bshd", pitch) and not q.is_contiguous()
