@@ -172,7 +172,8 @@ def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
     """Classify one array argument; a clear error names the argument when it cannot be used.
     `layout` ("nhwc", "bshd", "sbhd"): the caller declares a C-contiguous array's own shape to be the
     layout's storage shape; the ref then carries the logical shape. Strided torch views in a layout
-    (channels_last, transposed [B, S, H, D]) need no declaration."""
+    (channels_last, transposed [B, S, H, D], packed projections' slices with a row pitch) need no
+    declaration."""
     ref = _wrap(obj, name, op)
     if layout in LAYOUTS and not ref.layout:
         return _declared(ref, name, op, layout)
@@ -200,7 +201,7 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
         if dev.type not in ("cuda", "cpu"):
             raise ArgumentError(name, "a CPU or CUDA/ROCm tensor", f"a tensor on '{dev.type}'", op=op)
         host = dev.type == "cpu"
-        nbytes = _span(obj.shape, obj.stride()) * obj.element_size() if pitch else obj.numel() * obj.element_size()
+        nbytes = span_elements(obj.shape, obj.stride()) * obj.element_size() if pitch else obj.numel() * obj.element_size()
         return ArrayRef(obj, "torch", tuple(obj.shape), dtype, obj.data_ptr(), nbytes, host,
                         0 if host else (dev.index or 0), layout, pitch)
     from .device_array import DeviceArray
@@ -223,7 +224,7 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
                                     op=op)
         kind = "cupy" if is_cupy(obj) else "cai"
         dev_index = int(obj.device.id) if kind == "cupy" else 0
-        elements = _span(shape, tuple(st // itemsize for st in strides)) if pitch else int(np.prod(shape, dtype=np.int64))
+        elements = span_elements(shape, tuple(st // itemsize for st in strides)) if pitch else int(np.prod(shape, dtype=np.int64))
         dense_rows = pitch == shape[1] * shape[3]     # a plain transposed [B, S, H, D] array
         return ArrayRef(obj, kind, shape, dtype, int(cai["data"][0]), elements * itemsize, False, dev_index,
                         "bshd" if pitch else "", 0 if dense_rows else pitch)
@@ -246,7 +247,7 @@ def _cai_pitch(shape: tuple, byte_strides: Sequence[int], itemsize: int) -> int:
     return bshd_pitch(shape, [st // itemsize for st in byte_strides])
 
 
-def _span(shape: Sequence[int], strides: Sequence[int]) -> int:
+def span_elements(shape: Sequence[int], strides: Sequence[int]) -> int:
     """Elements from a strided view's first element to its last, inclusive (what a pitched view's
     memory covers: what staging copies)."""
     if any(s == 0 for s in shape):

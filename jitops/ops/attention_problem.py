@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..arrays import LAYOUTS, inverse_permutation
+from ..arrays import LAYOUTS, inverse_permutation, span_elements
 from ..errors import ArgumentError
 from .base import HALF_DTYPES, ITEMSIZE, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype, resolve_precision
 
@@ -141,11 +141,11 @@ class AttentionProblem:
 
     def q_span(self) -> int:
         """Elements from q's first to its last, plus one (index width: a pitched q spans more than its size)."""
-        return _span((self.batch, self.heads, self.sq, self.d), (*self.q_strides(), 1))
+        return span_elements((self.batch, self.heads, self.sq, self.d), (*self.q_strides(), 1))
 
     def kv_span(self) -> int:
         """The same for k (and v)."""
-        return _span((self.batch, self.kv_heads, self.sk, self.d), (*self.kv_strides(), 1))
+        return span_elements((self.batch, self.kv_heads, self.sk, self.d), (*self.kv_strides(), 1))
 
     def rows_16_bytes_apart(self) -> bool:
         """Every row of q, k and v starts a multiple of 16 bytes after the previous one, as the kernels' 16-byte
@@ -191,10 +191,6 @@ def _strides(batch: int, heads: int, rows: int, d: int, layout: str, pitch: int 
     if layout == "sbhd":
         return (heads * d, d, batch * heads * d)
     return (heads * rows * d, rows * d, d)
-
-
-def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
-    return 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
 
 
 def _causal_mode(value: Any) -> str:

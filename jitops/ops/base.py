@@ -51,10 +51,11 @@ class TensorSpec:
     def span_nbytes(self) -> int:
         """Bytes from the first element to the last: nbytes, or for a pitched [B, S, H, D] spec its rows
         with the other columns between them (what a kernel may touch: buffer sizes, bounds checks)."""
-        if not self.pitch or not self.numel:
+        if not self.pitch:
             return self.nbytes
-        b, h, s, d = self.shape
-        return ((b * s - 1) * self.pitch + h * d) * ITEMSIZE[self.dtype]
+        from ..arrays import span_elements
+        _, _, s, d = self.shape
+        return span_elements(self.shape, (s * self.pitch, d, self.pitch, 1)) * ITEMSIZE[self.dtype]
 
     @property
     def storage_shape(self) -> tuple[int, ...]:
