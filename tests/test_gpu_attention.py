@@ -838,12 +838,13 @@ def test_packed_projection_views_every_kernel(dtype):
         pytest.skip("bf16 runs on matrix cores")
     algs = [a for a in algorithms(dtype) if not (dtype == torch.bfloat16 and a in ("fused", "three_stage", "naive"))]
     mask = torch.randn(201, 201, device="cuda")
-    for hk, extra, offset in ((8, 0, 0), (2, 0, 0), (2, 4, 0), (2, 0, 1)):
+    for hk, extra, offset in ((8, 0, 0), (2, 0, 0), (2, 4, 0), (2, 0, 1)):     # timm, GQA, off 16 bytes twice
         q, k, v = packed(2, 201, 8, 64, dtype, hk, extra, offset)
         for alg in algs:
             out = check_packed(q, k, v, causal=True, schedule=alg)
             assert out.transpose(1, 2).is_contiguous()
-            check_packed(q, k, v, mask, schedule=alg)
+            if hk == 8:
+                check_packed(q, k, v, mask, schedule=alg)
     if dtype == torch.float32 and mma:
         q, k, v = packed(2, 201, 8, 64, dtype, 2)
         check_packed(q, k, v, causal=True, precision="tf32", tol=4e-3)
