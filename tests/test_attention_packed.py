@@ -242,3 +242,19 @@ def test_device_arrays_with_a_row_pitch_are_classified():
     assert (dense.layout, dense.pitch) == ("bshd", 0)
     with pytest.raises(ArgumentError, match="'q'.*packed projection"):
         arrays.wrap(_DeviceView((b, h, s, d), (s * p * 2, d * 2 * 3, p * 2, 2)), "q", "attention")
+
+
+def test_tuning_a_packed_problem_checks_and_records_its_pitch(isolated):
+    """jitops.tune on packed views: candidates run on whole packed rows (random_inputs), are checked
+    against float64, and the record's problem key names the pitch (a dense problem never finds it)."""
+    from jitops.runtime import get_backend, use_backend
+    from jitops import records
+    with use_backend(get_backend("cpu", warp_size=32)) as cpu:
+        q, k, v = gqa_views(1, 24, 4, 32, torch.float32, hk=2)
+        r = jitops.tune("attention", q=q, k=k, v=v, max_candidates=2, workers=1, budget=None)
+        assert r.source == "tuned" and ":pitch256" in r.key and r.problem.kv_pitch == 256
+        assert all(c.status == "ok" for c in r.candidates)
+        assert next(c for c in r.candidates if c.schedule == r.schedule).checked is True
+        assert records.store().find(cpu.device, "attention", r.key, op.SPACE) is not None
+        dense = r.key.replace(":pitch256", "")
+        assert records.store().find(cpu.device, "attention", dense, op.SPACE) is None
