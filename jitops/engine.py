@@ -151,6 +151,9 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
     op_layouts = getattr(op, "LAYOUTS", ("nhwc",))
     for n, r in list(refs.items()):
         if r.layout and (n not in as_they_are or r.layout not in op_layouts):
+            if r.kind != "torch":     # a strided device array (attention's layouts): no copy method to call
+                raise ArgumentError(n, "a C-contiguous device array", f"a {r.layout} ({arrays.LAYOUTS[r.layout][1]}) "
+                                    f"strided one", op=op_name)
             # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
             # but a copy per call and no repeat path: say once how to avoid it)
             what = "channels_last" if r.layout == "nhwc" else f"{r.layout} ({arrays.LAYOUTS[r.layout][1]} storage)"

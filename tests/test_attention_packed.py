@@ -258,3 +258,11 @@ def test_tuning_a_packed_problem_checks_and_records_its_pitch(isolated):
         assert records.store().find(cpu.device, "attention", r.key, op.SPACE) is not None
         dense = r.key.replace(":pitch256", "")
         assert records.store().find(cpu.device, "attention", dense, op.SPACE) is None
+
+
+def test_strided_device_arrays_are_refused_where_the_op_reads_c_order(emu):
+    """A [B, S, H, D] __cuda_array_interface__ array reaching an op that reads C order only is refused (no
+    copy is made of a foreign device array)."""
+    b, s, h, d = 2, 9, 4, 16
+    with pytest.raises(ArgumentError, match="'x'.*C-contiguous device array"):
+        jitops.leaky_relu(_DeviceView((b, h, s, d), (s * h * d * 2, d * 2, h * d * 2, 2)))
