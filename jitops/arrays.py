@@ -12,11 +12,20 @@ torch tensor `x.transpose(1, 2)` of a contiguous [B, S, H, D] x, or an array dec
 `layout="bshd"`), and "sbhd", [S, B, H, D] (torch nn.MultiheadAttention's sequence-first
 projections: `x.permute(1, 2, 0, 3)`, or `layout="sbhd"`).
 
+Packed projections: "bshd" torch views (and __cuda_array_interface__ / CuPy arrays with such strides) may
+also have a row pitch P > H * D elements: q, k and v cut as column slices out of one packed projection
+[B, S, (H + 2 Hk) D] (timm ViT's `qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)`, GPT-2's
+`c_attn(x).split(E, 2)` then `.view(B, S, H, D).transpose(1, 2)`, fused-qkv GQA models): element strides
+(S * P, D, P, 1) (any batch stride when B == 1). The ref carries P as `pitch` (0: dense); the memory
+format of such a view is the tuple ("bshd", P), so the repeat paths' signatures tell it from a dense
+view and from another pitch. Other strided views are refused.
+
 bfloat16: torch.bfloat16 tensors and numpy arrays of `ml_dtypes.bfloat16` (importing ml_dtypes
 also lets numpy name the dtype "bfloat16").
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from typing import Any, Sequence
 
@@ -39,12 +48,13 @@ _TORCH_BY_NAME: dict[str, Any] = {}
 class ArrayRef:
     """One argument, classified: where its data lives, its shape, dtype and pointer."""
 
-    __slots__ = ("obj", "kind", "shape", "dtype", "ptr", "nbytes", "host", "device_index", "layout")
+    __slots__ = ("obj", "kind", "shape", "dtype", "ptr", "nbytes", "host", "device_index", "layout", "pitch")
 
     def __init__(self, obj: Any, kind: str, shape: tuple, dtype: str, ptr: int, nbytes: int, host: bool,
-                 device_index: int = 0, layout: str = ""):
+                 device_index: int = 0, layout: str = "", pitch: int = 0):
         self.obj = obj
         self.layout = layout
+        self.pitch = pitch          # "bshd" with a row pitch (elements between rows of S; 0: dense)
         self.kind = kind
         self.shape = shape
         self.dtype = dtype
@@ -125,10 +135,27 @@ def is_channels_last(t: Any) -> bool:
     return t.dim() == 4 and _dense_in_order(t.shape, t.stride(), LAYOUTS["nhwc"][0])
 
 
-def memory_format(t: Any) -> str | bool:
+def bshd_pitch(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """The row pitch P (elements between consecutive rows of S) of a logical [B, H, S, D] view stored
+    [B, S, H, D] with rows P >= H * D apart (a slice of a packed q/k/v projection): strides
+    (S * P, D, P, 1), any batch stride when B == 1; 0 when the strides are not of that form. Axes of
+    size 1 may have any stride, as torch's is_contiguous allows."""
+    if len(shape) != 4:
+        return 0
+    b, h, s, d = shape
+    sb, sh, ss, sd = strides
+    if (d != 1 and sd != 1) or (h != 1 and sh != d):
+        return 0
+    pitch = ss if s != 1 else sb if b != 1 else h * d
+    if pitch < h * d or (b != 1 and sb != s * pitch):
+        return 0
+    return pitch
+
+
+def memory_format(t: Any) -> str | bool | tuple[str, int]:
     """A torch tensor's memory format as the repeat paths' signatures record it: True (C order),
-    a LAYOUTS name, or False (another strided view). One stride read, no views made: this runs
-    on every repeat call."""
+    a LAYOUTS name, ("bshd", P) for [B, S, H, D] storage with row pitch P (packed projections), or
+    False (another strided view). One stride read, no views made: this runs on every repeat call."""
     if t.is_contiguous():
         return True
     if t.dim() != 4:
@@ -137,14 +164,16 @@ def memory_format(t: Any) -> str | bool:
     for name, (order, _) in LAYOUTS.items():
         if _dense_in_order(shape, strides, order):
             return name
-    return False
+    pitch = bshd_pitch(shape, strides)
+    return ("bshd", pitch) if pitch else False
 
 
 def wrap(obj: Any, name: str, op: str, layout: str = "") -> ArrayRef:
     """Classify one array argument; a clear error names the argument when it cannot be used.
     `layout` ("nhwc", "bshd", "sbhd"): the caller declares a C-contiguous array's own shape to be the
     layout's storage shape; the ref then carries the logical shape. Strided torch views in a layout
-    (channels_last, transposed [B, S, H, D]) need no declaration."""
+    (channels_last, transposed [B, S, H, D], packed projections' slices with a row pitch) need no
+    declaration."""
     ref = _wrap(obj, name, op)
     if layout in LAYOUTS and not ref.layout:
         return _declared(ref, name, op, layout)
@@ -165,16 +194,16 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
             raise ArgumentError(name, "a float32, float16 or bfloat16 tensor", f"torch dtype {obj.dtype}", op=op)
         fmt = memory_format(obj)
         if fmt is False:
-            raise ArgumentError(name, "a contiguous or channels_last tensor, or for attention a transposed "
-                                "[B, S, H, D] one (call .contiguous())", f"a strided view (strides {obj.stride()})",
-                                op=op)
-        layout = "" if fmt is True else str(fmt)
+            raise ArgumentError(name, STRIDED_ACCEPTED, f"a strided view (shape {tuple(obj.shape)}, strides "
+                                f"{obj.stride()})", op=op)
+        layout, pitch = (fmt if isinstance(fmt, tuple) else ("" if fmt is True else str(fmt), 0))
         dev = obj.device
         if dev.type not in ("cuda", "cpu"):
             raise ArgumentError(name, "a CPU or CUDA/ROCm tensor", f"a tensor on '{dev.type}'", op=op)
         host = dev.type == "cpu"
-        return ArrayRef(obj, "torch", tuple(obj.shape), dtype, obj.data_ptr(), obj.numel() * obj.element_size(), host,
-                        0 if host else (dev.index or 0), layout)
+        nbytes = span_elements(obj.shape, obj.stride()) * obj.element_size() if pitch else obj.numel() * obj.element_size()
+        return ArrayRef(obj, "torch", tuple(obj.shape), dtype, obj.data_ptr(), nbytes, host,
+                        0 if host else (dev.index or 0), layout, pitch)
     from .device_array import DeviceArray
     if isinstance(obj, DeviceArray):
         return ArrayRef(obj, "jitops", obj.shape, obj.dtype, obj.ptr, obj.nbytes, obj.backend.name == "cpu", 0)
@@ -186,17 +215,44 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
             raise ArgumentError(name, "a float32, float16 or bfloat16 array", f"typestr {cai['typestr']}", op=op)
         itemsize = np.dtype(cai["typestr"]).itemsize
         strides = cai.get("strides")
+        pitch = 0
         if strides is not None and tuple(strides) != _contiguous_strides(shape, itemsize) and int(np.prod(shape)) > 1:
-            raise ArgumentError(name, "a C-contiguous device array", f"strides {tuple(strides)}", op=op)
+            pitch = _cai_pitch(shape, strides, itemsize)
+            if not pitch:
+                raise ArgumentError(name, "a C-contiguous device array, or for attention a [B, S, H, D] slice of a "
+                                    "packed projection (strides (S * P, D, P, 1) elements)", f"strides {tuple(strides)}",
+                                    op=op)
         kind = "cupy" if is_cupy(obj) else "cai"
         dev_index = int(obj.device.id) if kind == "cupy" else 0
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-        return ArrayRef(obj, kind, shape, dtype, int(cai["data"][0]), nbytes, False, dev_index)
+        elements = span_elements(shape, tuple(st // itemsize for st in strides)) if pitch else int(np.prod(shape, dtype=np.int64))
+        dense_rows = pitch == shape[1] * shape[3]     # a plain transposed [B, S, H, D] array
+        return ArrayRef(obj, kind, shape, dtype, int(cai["data"][0]), elements * itemsize, False, dev_index,
+                        "bshd" if pitch else "", 0 if dense_rows else pitch)
     if isinstance(obj, (list, tuple, int, float)):
         raise ArgumentError(name, "an array (numpy, torch, CuPy or jitops.DeviceArray)",
                             f"a Python {type(obj).__name__}; wrap it with np.asarray(..., dtype=np.float32)", op=op)
     raise ArgumentError(name, "an array (numpy, torch, CuPy, __cuda_array_interface__ or jitops.DeviceArray)",
                         type(obj).__name__, op=op)
+
+
+STRIDED_ACCEPTED = ("a contiguous or channels_last tensor, or for attention a transposed [B, S, H, D] one "
+                    "(x.transpose(1, 2)), a sequence-first one (x.permute(1, 2, 0, 3)) or a [B, S, H, D] slice of "
+                    "a packed q/k/v projection (strides (S * P, D, P, 1), P >= H * D); call .contiguous()")
+
+
+def _cai_pitch(shape: tuple, byte_strides: Sequence[int], itemsize: int) -> int:
+    """bshd_pitch for byte strides (__cuda_array_interface__); 0 for strides that are not whole elements."""
+    if any(st % itemsize for st in byte_strides):
+        return 0
+    return bshd_pitch(shape, [st // itemsize for st in byte_strides])
+
+
+def span_elements(shape: Sequence[int], strides: Sequence[int]) -> int:
+    """Elements from a strided view's first element to its last, inclusive (what a pitched view's
+    memory covers: what staging copies)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, strides))
 
 
 def check_placement(refs: dict[str, ArrayRef], backend: Any, op: str) -> bool:
@@ -249,6 +305,15 @@ def logical_shape(storage: tuple, layout: str) -> tuple:
     return tuple(storage)
 
 
+def same_memory_order(shape: Sequence[int], layout: str, other: str) -> bool:
+    """Whether two layouts store an array of this logical shape identically: their memory orders agree
+    on the axes longer than 1 (a bshd [B, H, 1, D] array is also C-contiguous)."""
+    def order(name: str) -> list[int]:
+        perm = LAYOUTS[name][0] if name in LAYOUTS else tuple(range(len(shape)))
+        return [ax for ax in perm if shape[ax] != 1]
+    return order(layout) == order(other)
+
+
 def inverse_permutation(layout: str) -> tuple[int, ...]:
     """The permutation that views a storage-order tensor in logical order (torch .permute)."""
     perm = LAYOUTS[layout][0]
@@ -279,7 +344,10 @@ def allocate_like(ref: ArrayRef, shape: tuple, dtype: str, backend: Any, layout:
 
 
 def host_view(ref: ArrayRef) -> np.ndarray:
-    """A C-contiguous numpy view of a host array's memory (numpy or torch CPU) for copies."""
+    """A C-contiguous numpy view of a host array's memory (numpy or torch CPU) for copies; for a
+    pitched view the bytes it spans (the rows with the other columns between them)."""
+    if ref.pitch:
+        return np.ctypeslib.as_array((ctypes.c_uint8 * ref.nbytes).from_address(ref.ptr))
     return ref.obj if ref.kind == "numpy" else host_storage(ref.obj)
 
 

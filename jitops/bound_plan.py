@@ -38,7 +38,8 @@ _torch_tensor: type | None = None
 
 def signature(v: Any) -> Hashable:
     """What must match for a BoundPlan to be reused: kind, shape, dtype, device, memory format
-    (True: C-contiguous; "nhwc" / "bshd": a 4-d view in that layout, as arrays.wrap reads it)."""
+    (True: C-contiguous; "nhwc" / "bshd": a 4-d view in that layout, as arrays.wrap reads it; ("bshd", P):
+    a packed projection's slice with rows P elements apart)."""
     global _torch_tensor
     if _torch_tensor is not None and isinstance(v, _torch_tensor):
         return (_torch_tensor, v.shape, v.dtype, v.device, memory_format(v))
@@ -183,16 +184,12 @@ class BoundPlan:
             return None     # zeroed per-call scratch, or prepare steps without a cache of their results
         torch = sys.modules["torch"]
         tensor = torch.Tensor
-        # the memory format part of each input's signature: True (C order), "nhwc", "bshd" or False
+        # the memory format part of each input's signature: True (C order), "nhwc", "bshd", ("bshd", pitch)
+        # or False
         formats = [None if v is None else signature(v)[-1] if isinstance(v, tensor) else False for v in values]
         if False in formats:
             return None
-        # per input (type, shape, dtype, device, memory format: None = C order, torch.channels_last, or
-        # for attention's layouts, which torch has no memory format for, their axes' memory order: the
-        # native check compares strides)
-        native_format = {True: None, "nhwc": torch.channels_last}
-        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device,
-                                               native_format[f] if f in native_format else LAYOUTS[f][0])
+        expect = tuple(None if v is None else (tensor, v.shape, v.dtype, v.device, _native_format(f, torch))
                        for v, f in zip(values, formats))
         natives = [getattr(step.run, "native", None) for step, _ in self.steps]
         fails = [getattr(step.run, "fail_at", None) for step, _ in self.steps]
@@ -344,6 +341,21 @@ class BoundPlan:
             pointers.update(work)
         for step, _ in steps:
             bind_and_launch(step, pointers, stream)
+
+
+def _native_format(fmt: Any, torch: Any) -> Any:
+    """A signature's memory format as RepeatCall checks it (jitops_dispatch.c, jt_formats_match): None = C
+    order, torch.channels_last, or for attention's layouts, which torch has no memory format for, their
+    axes' memory order (the native check compares strides), with the row pitch of a packed projection's
+    slice as (order, pitch): a plan bound for one pitch never runs on a dense view or another pitch."""
+    if fmt is True:
+        return None
+    if fmt == "nhwc":
+        return torch.channels_last
+    if isinstance(fmt, tuple):
+        layout, pitch = fmt
+        return (LAYOUTS[layout][0], pitch)
+    return LAYOUTS[fmt][0]
 
 
 def _framework_scratch(workspaces: list[Any], alloc: Callable[[TensorSpec], Any],

@@ -151,6 +151,9 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
     op_layouts = getattr(op, "LAYOUTS", ("nhwc",))
     for n, r in list(refs.items()):
         if r.layout and (n not in as_they_are or r.layout not in op_layouts):
+            if r.kind != "torch":     # a strided device array (attention's layouts): no copy method to call
+                raise ArgumentError(n, "a C-contiguous device array", f"a {r.layout} ({arrays.LAYOUTS[r.layout][1]}) "
+                                    f"strided one", op=op_name)
             # e.g. conv weights of a model moved to channels_last: read a contiguous copy (correct,
             # but a copy per call and no repeat path: say once how to avoid it)
             what = "channels_last" if r.layout == "nhwc" else f"{r.layout} ({arrays.LAYOUTS[r.layout][1]} storage)"
@@ -159,10 +162,10 @@ def _run_general(op_name: str, tensors: Mapping[str, Any], attrs: Mapping[str, A
             refs[n] = arrays.wrap(r.obj.contiguous(), n, op_name, "")
     host = arrays.check_placement(refs, backend, op_name)
     call_key = (op_name, id(backend), schedule,
-                tuple((n, r.shape, r.dtype, r.layout) for n, r in refs.items()), frozen_items(attrs))
+                tuple((n, r.shape, r.dtype, r.layout, r.pitch) for n, r in refs.items()), frozen_items(attrs))
     prepared = _cache.by_call.get(call_key)
     if prepared is None:
-        specs = {n: TensorSpec(tuple(r.shape), r.dtype, r.layout) for n, r in refs.items()}
+        specs = {n: TensorSpec(tuple(r.shape), r.dtype, r.layout, r.pitch) for n, r in refs.items()}
         specs.update({n: None for n in tensors if tensors[n] is None})
         problem = op.make_problem(specs, op_attrs)
         backend.require_device(f"run {op_name}")
@@ -205,11 +208,13 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
     for name, spec in out_specs.items():
         given = (out or {}).get(name)
         if given is not None:
-            ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
-            if tuple(ref.shape) != tuple(spec.shape) or ref.dtype != spec.dtype or ref.layout != spec.layout:
+            ref = _wrap_out(given, _out_argument(name, out_specs), p.op, spec)
+            if ref is None:
+                ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
                 raise ArgumentError("out", f"shape {spec.storage_shape}{' ' + arrays.LAYOUTS[spec.layout][1] if spec.layout else ''} "
-                                    f"and dtype {spec.dtype}",
-                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}", op=p.op)
+                                    f"and dtype {spec.dtype}{', dense' if spec.layout == 'bshd' else ''}",
+                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}"
+                                    f"{f' with rows {ref.pitch} elements apart' if ref.pitch else ''}", op=p.op)
             if ref.host != host:
                 raise ArgumentError("out", "an array on the same side as the inputs", ref.describe(), op=p.op)
             obj, ptr = given, ref.ptr
@@ -253,6 +258,18 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             backend.free(dptr)
     values = [results[n] for n in out_specs]
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _wrap_out(given: Any, argument: str, op: str, spec: TensorSpec) -> arrays.ArrayRef | None:
+    """A given output that is stored as `spec` says, or None. Read as declared in the spec's layout first
+    (arrays whose own shape is the storage's), then as itself: a torch view whose memory is the layout's
+    while it is also C-contiguous (a bshd output with one query row)."""
+    for layout in dict.fromkeys((spec.layout, "")):
+        ref = arrays.wrap(given, argument, op, layout)
+        if (tuple(ref.shape) == tuple(spec.shape) and ref.dtype == spec.dtype and ref.pitch == spec.pitch
+                and arrays.same_memory_order(spec.shape, ref.layout, spec.layout)):
+            return ref
+    return None
 
 
 def _out_argument(name: str, out_specs: Mapping[str, Any]) -> str:

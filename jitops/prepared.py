@@ -140,12 +140,14 @@ def _make_step(op: str, launch: Launch, backend: Backend, sizes: Mapping[str, tu
 def _map_encoder(backend: Backend, spec: TensorMap) -> Any:
     """ptr -> the 128 bytes of spec's tensor map over ptr, remembering the last few pointers (a plan
     runs on the same buffers call after call; encoding costs a driver call). TMA needs 16-byte
-    aligned tensors: for others the map is left empty and the kernel takes its plain-load path (it
-    tests the same alignment)."""
+    aligned tensors and strides: for others the map is left empty and the kernel takes its plain-load
+    path (it tests the same alignment; a packed projection's pitch may leave rows off 16 bytes)."""
     memo: dict[int, bytes] = {}
+    itemsize = ITEMSIZE[spec.dtype]
+    strides_aligned = all(s * itemsize % 16 == 0 for s in spec.strides or ())
 
     def encode(ptr: int) -> bytes:
-        if ptr % 16:
+        if ptr % 16 or not strides_aligned:
             return bytes(128)
         blob = memo.get(ptr)
         if blob is None:
@@ -160,7 +162,7 @@ def _map_encoder(backend: Backend, spec: TensorMap) -> Any:
 
 def _buffer_sizes(problem: Any, plan: Plan) -> dict[str, tuple[int, int]]:
     """(bytes, item size) of every buffer a plan names: inputs, outputs, workspaces."""
-    sizes = {n: (s.nbytes, ITEMSIZE[s.dtype]) for n, s in {**problem.inputs(), **problem.outputs()}.items()
+    sizes = {n: (s.span_nbytes, ITEMSIZE[s.dtype]) for n, s in {**problem.inputs(), **problem.outputs()}.items()
              if s is not None}
     sizes.update({w.name: (w.nbytes, 1) for w in plan.workspaces})
     return sizes

@@ -132,12 +132,14 @@ def sanitize_case():
         assert err <= 2e-3
 
 
-def sanitize(out_dir):
+def sanitize(out_dir, script=__file__, timeout=300):
+    """compute-sanitizer memcheck and racecheck over `script --sanitize-case` (this script's cases, or
+    another script's that reuses this runner)."""
     result = {}
     for tool in ("memcheck", "racecheck"):
         t0 = time.time()
         proc = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
-                               __file__, "--sanitize-case"], capture_output=True, text=True, timeout=300)
+                               script, "--sanitize-case"], capture_output=True, text=True, timeout=timeout)
         lines = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
                  if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line or "sanitize case" in line
                  or "Error" in line]

@@ -800,3 +800,92 @@ def test_heads_inner_views_take_the_native_repeat_path():
     plain = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous())
     torch.cuda.synchronize()
     assert plain.is_contiguous() and float((plain.double() - want).abs().max() / want.abs().max()) <= TOL[torch.float16]
+
+
+def packed(b, s, h, d, dtype, hk=None, extra=0, offset=0):
+    """q, k, v as column slices of one packed projection [B, S, (H + 2 Hk) D + extra] (`offset` elements
+    into its memory): timm's ViT (`.unbind(0)`), GPT-2 (`.split(E, 2)`) and fused-qkv GQA models hand
+    SDPA these views, [B, S, H, D] storage with rows P = (H + 2 Hk) D + extra elements apart."""
+    hk = hk or h
+    pitch = (h + 2 * hk) * d + extra
+    rows = randn(b * s * pitch + offset, dtype=dtype)[offset:].view(b, s, pitch)
+    cuts, heads = (0, h * d, (h + hk) * d, (h + 2 * hk) * d), (h, hk, hk)
+    return tuple(rows[..., lo:hi].unflatten(2, (n, d)).transpose(1, 2) for lo, hi, n in zip(cuts, cuts[1:], heads))
+
+
+def check_packed(q, k, v, mask=None, causal=False, schedule=None, tol=None, **kw):
+    """check() for packed views: the output (dense [B, Sq, H, D], viewed [B, H, Sq, D]) NaN-poisoned first."""
+    b, h, s, d = q.shape
+    out = torch.full((b, s, h, d), float("nan"), dtype=q.dtype, device=q.device).transpose(1, 2)
+    got = jitops.attention(q, k, v, mask, causal=causal, out=out, schedule=schedule, **kw)
+    torch.cuda.synchronize()
+    assert got is out and not torch.isnan(out).any(), f"{schedule}: unwritten or NaN output"
+    ref = reference(q, k, v, mask, causal)
+    err = float((out.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    assert err <= (tol or TOL[q.dtype]), f"{schedule}: error {err:.3g}"
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_packed_projection_views_every_kernel(dtype):
+    """q / k / v sliced out of one packed projection (row pitch > H * D) read in place by every algorithm:
+    timm-style (H = Hk) and GQA packs, causal and masked, pitches and bases off 16 bytes (plain-load paths,
+    no tensor maps), decoding (Sq = 1..3) from a packed KV with packed GQA rows, split merges, TMA rings and
+    clusters, both fused_wgmma loops, TF32 for fp32; the output is dense whatever q's pitch."""
+    from jitops.ops.base import Schedule
+    mma = jitops.get_backend().device.matrix_cores
+    if dtype == torch.bfloat16 and not mma:
+        pytest.skip("bf16 runs on matrix cores")
+    algs = [a for a in algorithms(dtype) if not (dtype == torch.bfloat16 and a in ("fused", "three_stage", "naive"))]
+    mask = torch.randn(201, 201, device="cuda")
+    for hk, extra, offset in ((8, 0, 0), (2, 0, 0), (2, 4, 0), (2, 0, 1)):     # timm, GQA, off 16 bytes twice
+        q, k, v = packed(2, 201, 8, 64, dtype, hk, extra, offset)
+        for alg in algs:
+            out = check_packed(q, k, v, causal=True, schedule=alg)
+            assert out.transpose(1, 2).is_contiguous()
+            if hk == 8:
+                check_packed(q, k, v, mask, schedule=alg)
+    if dtype == torch.float32 and mma:
+        q, k, v = packed(2, 201, 8, 64, dtype, 2)
+        check_packed(q, k, v, causal=True, precision="tf32", tol=4e-3)
+        q, k, v = packed(2, 201, 8, 64, dtype, 2, extra=1)
+        check_packed(q, k, v, precision="tf32", tol=4e-3)
+    if dtype == torch.float32 or not mma:
+        return
+    decode = [None, Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=8)]
+    if hopper():
+        decode += [Schedule.make("fused_mma", warps=4, row_groups=1, block_k=64, key_warps=4, pack=True, splits=s,
+                                 tma=1, stages=3, **c) for s, c in ((1, {}), (4, {}), (4, {"cluster": 1}))]
+    for extra in (0, 4):
+        _, dk, dv = packed(2, 5000, 32, 128, dtype, 8, extra)
+        for sq in (1, 2, 3):
+            dq = packed(2, sq, 32, 128, dtype, 8, extra)[0]
+            for sched in decode:
+                check_packed(dq, dk, dv, causal="bottom_right", schedule=sched)
+    if hopper():
+        for extra, offset in ((0, 0), (4, 0), (0, 1)):
+            q, k, v = packed(2, 333, 8, 64, dtype, 2, extra, offset)
+            for sched in (Schedule.make("fused_wgmma", groups=2, block_k=128, tma=1),
+                          Schedule.make("fused_wgmma", groups=2, block_k=64, stages=3, producer=1, tma=1)):
+                check_packed(q, k, v, causal=True, schedule=sched)
+
+
+def test_packed_projection_views_take_the_native_repeat_path():
+    """Eager calls on a ViT's packed q / k / v views repeat through the native RepeatCall, and the plan bound
+    for that pitch never runs on dense [B, S, H, D] views of the same shape, nor on another pitch (calls
+    alternate; every result against float64)."""
+    from jitops.engine import _cache
+    views = {"packed": packed(8, 197, 12, 64, torch.float16),
+             "dense": tuple(bshd(8, 12, 197, 64, torch.float16) for _ in range(3)),
+             "wider": packed(8, 197, 12, 64, torch.float16, extra=8)}
+    want = {name: reference(*v) for name, v in views.items()}
+    for name in ("packed", "packed", "dense", "packed", "wider", "dense", "wider", "packed"):
+        out = jitops.attention(*views[name])
+        torch.cuda.synchronize()
+        assert out.transpose(1, 2).is_contiguous()
+        err = float((out.double() - want[name]).abs().max() / want[name].abs().max())
+        assert err <= TOL[torch.float16], (name, err)
+    bound = [b for key, b in _cache.bound.items()
+             if key[0] == "attention" and any(isinstance(e, tuple) and ("bshd", 12 * 64 * 3) in e for e in key)]
+    assert bound and all(b is not None for b in bound)
+    assert any(b.native is not None for b in bound), "packed views missed the native path"

@@ -129,8 +129,9 @@ def _four_d(*tensors: Any) -> tuple:
     return tuple(t.unsqueeze(1) if t.dim() == 3 else t for t in tensors)
 
 
-def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool, mask: Any = None) -> Any:
-    """softmax(q k^T / sqrt(D) + mask) v in float64 on the GPU (top-left causal, as SDPA), kv heads shared
+def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool | str, mask: Any = None) -> Any:
+    """softmax(q k^T / sqrt(D) + mask) v in float64 on the GPU (causal: top-left, as SDPA, or "bottom_right",
+    KV-cache decoding's diagonal), kv heads shared
     by groups of query heads; a few heads at a time (the scores of SD 1.5 are 2 GiB in float64). A mask
     is [B, 1, 1, Sk] (a padding mask) or None."""
     if q.dim() == 4 and k.shape[1] != q.shape[1]:
@@ -148,7 +149,8 @@ def torch_reference(torch: Any, q: Any, k: Any, v: Any, causal: bool, mask: Any 
             s = s + mf[i:i + step].reshape(-1, 1, s.shape[-1])
         if causal:
             n, m = s.shape[-2:]
-            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+            diagonal = m - n if causal == "bottom_right" else 0
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool, device=s.device).tril(diagonal), float("-inf"))
         out[i:i + step] = torch.softmax(s, dim=-1) @ vf[i:i + step].double()
         del s
     return out.reshape(q.shape)

@@ -6,6 +6,13 @@ Rank-4 q (and out), and k with v, may each be stored [B, S, H, D] (layout "bshd"
 layout, a model's projections before the head transpose) or [S, B, H, D] ("sbhd": torch
 nn.MultiheadAttention's sequence-first projections); shapes stay logical [B, H, S, D]; the kernels
 read them in place.
+Packed projections: a bshd q, and k with v, may have rows P > H * D elements apart (q_pitch,
+kv_pitch; 0: dense), the column slices of one [B, S, (H + 2 Hk) D] projection that timm's ViT, GPT-2
+and fused-qkv GQA models hand to attention. k and v share one pitch. The pitch is a compile-time
+constant of the kernels and part of the problem key (a schedule or binary for one pitch is never
+used for another). The output is always dense, [B, Sq, H, D] for a bshd q: its addressing
+(out_strides, the templates' jt_o_*) is separate from q's. A pitch whose rows are not 16 bytes apart
+(P * itemsize % 16) is read on the kernels' plain-load paths (no 16-byte copies, no TMA).
 The mask is additive (float32 or q's dtype; -inf hides a key) and broadcasts, numpy style, to
 [B, H, Sq, Sk] ([B, Sq, Sk] for 3-D q).
 
@@ -22,9 +29,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..arrays import LAYOUTS, inverse_permutation
+from ..arrays import LAYOUTS, inverse_permutation, span_elements
 from ..errors import ArgumentError
-from .base import HALF_DTYPES, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype, resolve_precision
+from .base import HALF_DTYPES, ITEMSIZE, TensorSpec, parse_shape, problem_key, require_dtype, require_same_dtype, resolve_precision
 
 NAME = "attention"
 INPUTS = ("q", "k", "v", "mask")
@@ -53,6 +60,8 @@ class AttentionProblem:
     q_layout: str = ""             # "" ([B, H, Sq, D] in memory), "bshd" or "sbhd"; out follows q
     kv_layout: str = ""            # the same for k and v
     precision: str = "highest"     # fp32: "tf32" allows TF32 products (fused_tf32); else exact fp32 math
+    q_pitch: int = 0               # bshd q: elements between its rows when not H * D (packed projections); 0: dense
+    kv_pitch: int = 0              # the same for k and v (one pitch for both)
 
     @property
     def has_mask(self) -> bool:
@@ -102,9 +111,9 @@ class AttentionProblem:
         return (self.batch, self.sk, self.d) if self.rank == 3 else (self.batch, self.kv_heads, self.sk, self.d)
 
     def inputs(self) -> dict[str, TensorSpec]:
-        specs = {"q": TensorSpec(self.q_shape(), self.dtype, self.q_layout),
-                 "k": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout),
-                 "v": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout)}
+        specs = {"q": TensorSpec(self.q_shape(), self.dtype, self.q_layout, self.q_pitch),
+                 "k": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout, self.kv_pitch),
+                 "v": TensorSpec(self.kv_shape(), self.dtype, self.kv_layout, self.kv_pitch)}
         if self.mask_shape is not None:
             specs["mask"] = TensorSpec(self.mask_shape, self.mask_dtype or self.dtype)
         return specs
@@ -119,12 +128,31 @@ class AttentionProblem:
         return problem_key(NAME, self.inputs(), attrs)
 
     def q_strides(self) -> tuple[int, int, int]:
-        """Element strides of q (and out) along (b, h, s)."""
+        """Element strides of q along (b, h, s)."""
+        return _strides(self.batch, self.heads, self.sq, self.d, self.q_layout, self.q_pitch)
+
+    def out_strides(self) -> tuple[int, int, int]:
+        """Element strides of out along (b, h, s): q's layout, dense."""
         return _strides(self.batch, self.heads, self.sq, self.d, self.q_layout)
 
     def kv_strides(self) -> tuple[int, int, int]:
         """Element strides of k and v along (b, kv head, s)."""
-        return _strides(self.batch, self.kv_heads, self.sk, self.d, self.kv_layout)
+        return _strides(self.batch, self.kv_heads, self.sk, self.d, self.kv_layout, self.kv_pitch)
+
+    def q_span(self) -> int:
+        """Elements from q's first to its last, plus one (index width: a pitched q spans more than its size)."""
+        return span_elements((self.batch, self.heads, self.sq, self.d), (*self.q_strides(), 1))
+
+    def kv_span(self) -> int:
+        """The same for k (and v)."""
+        return span_elements((self.batch, self.kv_heads, self.sk, self.d), (*self.kv_strides(), 1))
+
+    def rows_16_bytes_apart(self) -> bool:
+        """Every row of q, k and v starts a multiple of 16 bytes after the previous one, as the kernels' 16-byte
+        copies and TMA need: always for dense storage of those paths' head dims; a packed projection's pitch
+        may not be (the kernels then read on their plain-load paths)."""
+        itemsize = ITEMSIZE[self.dtype]
+        return all(pitch * itemsize % 16 == 0 for pitch in (self.q_pitch, self.kv_pitch))
 
     def mask_strides(self) -> tuple[int, int, int, int]:
         """Element strides of the mask along (b, h, i, j); 0 where it broadcasts."""
@@ -156,9 +184,10 @@ class AttentionProblem:
         return int(n)
 
 
-def _strides(batch: int, heads: int, rows: int, d: int, layout: str) -> tuple[int, int, int]:
+def _strides(batch: int, heads: int, rows: int, d: int, layout: str, pitch: int = 0) -> tuple[int, int, int]:
     if layout == "bshd":
-        return (rows * heads * d, d, heads * d)
+        row = pitch or heads * d
+        return (rows * row, d, row)
     if layout == "sbhd":
         return (heads * d, d, batch * heads * d)
     return (heads * rows * d, rows * d, d)
@@ -214,6 +243,13 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         raise ArgumentError("v", f"the shape of k {tuple(k.shape)} (value head dim = D)", f"shape {v.shape}", op=NAME)
     if v.layout != k.layout:
         raise ArgumentError("v", f"k's memory layout ({_layout_name(k.layout)})", _layout_name(v.layout), op=NAME)
+    if v.pitch != k.pitch:
+        raise ArgumentError("v", f"k's row pitch ({_pitch_name(k.pitch)}: k and v are read with one pitch)",
+                            _pitch_name(v.pitch), op=NAME)
+    for name, spec in (("q", q), ("k", k)):
+        if spec.pitch and (spec.layout != "bshd" or spec.pitch < spec.shape[1] * spec.shape[3]):
+            raise ArgumentError(name, "a row pitch only for [B, S, H, D] storage, of at least H * D elements",
+                                f"pitch {spec.pitch} with layout {_layout_name(spec.layout)}, shape {spec.shape}", op=NAME)
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ArgumentError("q", f"a head dim D in 1..{MAX_HEAD_DIM} (fused kernels: any D on matrix cores, "
                             "32/64/96/128 on the SIMT cores; other D run three_stage)", f"D = {d}", op=NAME)
@@ -232,17 +268,30 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         precision = "highest"      # near-fp32 accuracy asked: the exact fp32 kernels give it
     return AttentionProblem(int(b), int(hq), int(hk), int(sq), int(sk), int(d), q.dtype, rank,
                             _causal_mode(attrs.get("causal", False)), _scale(attrs.get("scale"), int(d)),
-                            mask_shape, mask_dtype, q.layout, k.layout, precision)
+                            mask_shape, mask_dtype, q.layout, k.layout, precision,
+                            _dense_as_zero(q), _dense_as_zero(k))
+
+
+def _dense_as_zero(spec: TensorSpec) -> int:
+    """A spec's pitch, 0 when it is the dense one (H * D): one key for one memory layout."""
+    return 0 if not spec.pitch or spec.pitch == spec.shape[1] * spec.shape[3] else spec.pitch
 
 
 def _layout_name(layout: str) -> str:
     return {"bshd": "[B, S, H, D] (bshd)", "sbhd": "[S, B, H, D] (sbhd)"}.get(layout, "[B, H, S, D]")
 
 
+def _pitch_name(pitch: int) -> str:
+    return f"rows {pitch} elements apart" if pitch else "dense rows"
+
+
 def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     """`jitops compile attention q=8x16x2048x64 [k=...] [mask=2048x2048] dtype=float16 causal=true
-    [layout=bshd] [precision=tf32]` (shapes logical [B, H, S, D]; bshd: q, k, v stored [B, S, H, D])."""
-    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale", "layout", "precision"}
+    [layout=bshd [pitch=P] [kv_pitch=P]] [precision=tf32]` (shapes logical [B, H, S, D]; bshd: q, k, v stored
+    [B, S, H, D]; pitch / kv_pitch: their rows P elements apart, slices of a packed projection; kv_pitch
+    defaults to pitch)."""
+    allowed = {"q", "k", "v", "mask", "dtype", "mask_dtype", "causal", "scale", "layout", "precision", "pitch",
+               "kv_pitch"}
     extra = set(spec) - allowed
     if extra:
         raise ArgumentError(sorted(extra)[0], f"one of {', '.join(sorted(allowed))}", op=NAME)
@@ -254,8 +303,10 @@ def parse_problem(spec: Mapping[str, str]) -> AttentionProblem:
     if layout not in ("", "bhsd", "bshd", "sbhd") or (layout in ("bshd", "sbhd") and len(q) != 4):
         raise ArgumentError("layout", "bhsd, bshd or sbhd (4-d q only)", layout, op=NAME)
     layout = "" if layout == "bhsd" else layout
-    inputs = {"q": TensorSpec(q, dtype, layout), "k": TensorSpec(k, dtype, layout), "v": TensorSpec(v, dtype, layout),
-              "mask": None}
+    q_pitch = int(spec.get("pitch", 0))
+    kv_pitch = int(spec.get("kv_pitch", q_pitch))
+    inputs = {"q": TensorSpec(q, dtype, layout, q_pitch), "k": TensorSpec(k, dtype, layout, kv_pitch),
+              "v": TensorSpec(v, dtype, layout, kv_pitch), "mask": None}
     if "mask" in spec:
         inputs["mask"] = TensorSpec(parse_shape(spec["mask"]), spec.get("mask_dtype", dtype))
     causal: Any = spec.get("causal", "false")
@@ -270,8 +321,9 @@ def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> di
     """softmax(scale q k^T + mask) v in float64, with the causal rule and zeros for unseen rows;
     inputs and output in storage order (as random_inputs makes them)."""
     p = problem
-    q, k, v = (_logical(np.asarray(inputs[n], dtype=np.float64), lay)
-               for n, lay in (("q", p.q_layout), ("k", p.kv_layout), ("v", p.kv_layout)))
+    specs = p.inputs()
+    q, k, v = (_logical(_unpacked(np.asarray(inputs[n], dtype=np.float64), specs[n]), specs[n].layout)
+               for n in ("q", "k", "v"))
     if p.rank == 3:
         q, k, v = q[:, None], k[:, None], v[:, None]
     k = np.repeat(k, p.group, axis=1)
@@ -296,6 +348,14 @@ def reference(problem: AttentionProblem, inputs: Mapping[str, np.ndarray]) -> di
     return {"out": out[:, 0] if p.rank == 3 else _storage(out, p.q_layout)}
 
 
+def _unpacked(x: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A pitched input given as its packed rows [B, S, P] (random_inputs): its [B, S, H, D] columns."""
+    if not spec.pitch:
+        return x
+    b, h, s, d = spec.shape
+    return x.reshape(b, s, -1)[..., :h * d].reshape(b, s, h, d)
+
+
 def _logical(x: np.ndarray, layout: str) -> np.ndarray:
     """Storage-order data as [B, H, S, D] (its layout's inverse permutation); x itself for the default."""
     return np.ascontiguousarray(x.transpose(inverse_permutation(layout))) if layout else x
@@ -307,12 +367,20 @@ def _storage(x: np.ndarray, layout: str) -> np.ndarray:
 
 
 def random_inputs(problem: AttentionProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Arrays in storage order (what a kernel reads: [B, S, H, D] for a bshd side)."""
+    """Arrays in storage order (what a kernel reads: [B, S, H, D] for a bshd side, whole packed rows [B, S, P]
+    for a pitched one, the columns past H * D random too)."""
     p = problem
-    data = {n: rng.standard_normal(s.storage_shape).astype(s.dtype) for n, s in p.inputs().items() if n != "mask"}
+    data = {n: rng.standard_normal(_packed_shape(s)).astype(s.dtype) for n, s in p.inputs().items() if n != "mask"}
     if p.has_mask:
         data["mask"] = rng.standard_normal(p.mask_shape).astype(p.mask_dtype)
     return data
+
+
+def _packed_shape(spec: TensorSpec) -> tuple[int, ...]:
+    if not spec.pitch:
+        return spec.storage_shape
+    b, _, s, _ = spec.shape
+    return (b, s, spec.pitch)
 
 
 def tolerance(problem: AttentionProblem, schedule: Any) -> tuple[float, float]:

@@ -214,7 +214,7 @@ def candidates(problem: AttentionProblem, device: DeviceInfo) -> list[Schedule]:
 def _index(p: AttentionProblem, schedule: Schedule, *extents: int) -> str:
     if schedule.get("index") == "int64":
         return "jt_int64"
-    sizes = [s.numel for s in p.inputs().values()] + [p.outputs()["out"].numel, *extents]
+    sizes = [s.numel for s in p.inputs().values()] + [p.outputs()["out"].numel, p.q_span(), p.kv_span(), *extents]
     return index_type(max(sizes) + 1024)
 
 
@@ -228,7 +228,8 @@ def _mask_args(p: AttentionProblem, idx: str) -> tuple[Buf | Scalar, ...]:
 def _common_params(p: AttentionProblem, idx: str) -> dict:
     return {"ctype": C_TYPE[p.dtype], "index_type": idx, "has_mask": p.has_mask,
             "mtype": C_TYPE[p.mask_dtype] if p.has_mask else "", "causal": p.causal != "none",
-            "q_layout": p.q_layout or "bhsd", "kv_layout": p.kv_layout or "bhsd"}
+            "q_layout": p.q_layout or "bhsd", "kv_layout": p.kv_layout or "bhsd", "q_pitch": p.q_pitch,
+            "kv_pitch": p.kv_pitch}
 
 
 def _has_async_copy(device: DeviceInfo) -> bool:
@@ -359,7 +360,7 @@ def _plan_three_stage(p: AttentionProblem, schedule: Schedule, device: DeviceInf
     params = {**gemm_common, "a_type": "float", "b_type": C_TYPE[p.dtype], "c_type": C_TYPE[p.dtype],
               "b_layout": "nn", "bm": bm, "bn": bn, "bk": bk, "tm": tm, "tn": tn}
     args = (Buf("scores"), Buf("v"), Buf("out"), Scalar("i32", p.sq), Scalar("i32", p.d), Scalar("i32", p.sk),
-            *strides(score_strides), *strides(p.kv_strides()), *strides(p.q_strides()),
+            *strides(score_strides), *strides(p.kv_strides()), *strides(p.out_strides()),
             Scalar("i32", p.heads), Scalar("i32", p.group), Scalar("i32", tiles_m), Scalar("i32", tiles_n),
             Scalar("f32", 1.0))
     launches.append(Launch.make(TEMPLATES["gemm"], "attention_pv", params, (bh * tiles_m * tiles_n,),

@@ -27,11 +27,14 @@ INT32_MAX = 2**31 - 1
 class TensorSpec:
     """An array as an op sees it. `shape` is the logical shape; `layout` "nhwc" marks a rank-4
     (N, C, H, W) array stored N, H, W, C (a torch channels_last tensor), "bshd" a [B, H, S, D]
-    array stored [B, S, H, D] (attention), "" a C-contiguous one (arrays.LAYOUTS)."""
+    array stored [B, S, H, D] (attention), "" a C-contiguous one (arrays.LAYOUTS). `pitch`: for "bshd",
+    the elements between consecutive rows of S when that is more than H * D (a slice of a packed
+    q/k/v projection; 0: dense). It is part of the spec's identity (equality, problem keys)."""
 
     shape: tuple[int, ...]
     dtype: str
     layout: str = ""
+    pitch: int = 0
 
     @property
     def numel(self) -> int:
@@ -45,6 +48,16 @@ class TensorSpec:
         return self.numel * ITEMSIZE[self.dtype]
 
     @property
+    def span_nbytes(self) -> int:
+        """Bytes from the first element to the last: nbytes, or for a pitched [B, S, H, D] spec its rows
+        with the other columns between them (what a kernel may touch: buffer sizes, bounds checks)."""
+        if not self.pitch:
+            return self.nbytes
+        from ..arrays import span_elements
+        _, _, s, d = self.shape
+        return span_elements(self.shape, (s * self.pitch, d, self.pitch, 1)) * ITEMSIZE[self.dtype]
+
+    @property
     def storage_shape(self) -> tuple[int, ...]:
         """The shape in memory order: (N, H, W, C) for "nhwc", [B, S, H, D] for "bshd"."""
         if self.layout:
@@ -54,7 +67,8 @@ class TensorSpec:
 
     def __str__(self) -> str:
         text = f"{'x'.join(map(str, self.shape)) or 'scalar'}:{self.dtype}"
-        return f"{text}:{self.layout}" if self.layout else text
+        text = f"{text}:{self.layout}" if self.layout else text
+        return f"{text}:pitch{self.pitch}" if self.pitch else text
 
 
 def frozen_items(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -48,7 +48,7 @@ def problem_from_args(op: ModuleType, problem: Any = None, **args: Any) -> Any:
                     specs[k] = v
                 else:
                     ref = wrap(v, k, op.NAME)
-                    specs[k] = TensorSpec(tuple(int(s) for s in ref.shape), ref.dtype)
+                    specs[k] = TensorSpec(tuple(int(s) for s in ref.shape), ref.dtype, ref.layout, ref.pitch)
             else:
                 attrs[k] = v
         return op.make_problem(specs, attrs)

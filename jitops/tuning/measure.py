@@ -122,11 +122,12 @@ class ProblemBench:
         for name, spec in problem.inputs().items():
             if spec is None:
                 continue
+            # the array's own size: a pitched input's data spans whole packed rows (random_inputs)
             arr = np.ascontiguousarray(np.asarray(self.host_inputs[name]).astype(spec.dtype, copy=False))
-            ptr = self._alloc(spec.nbytes)
-            if spec.nbytes:
-                backend.copy_to_device(ptr, arr, spec.nbytes)
-            self.ptrs[name] = (ptr, spec.nbytes)
+            ptr = self._alloc(arr.nbytes)
+            if arr.nbytes:
+                backend.copy_to_device(ptr, arr, arr.nbytes)
+            self.ptrs[name] = (ptr, arr.nbytes)
         self.out_specs = problem.outputs()
         for name, spec in self.out_specs.items():
             self.ptrs[name] = (self._alloc(spec.nbytes), spec.nbytes)

@@ -58,8 +58,10 @@ int jt_sig_equal(PyObject* expect, const jt_sig* sig, Py_ssize_t n) {
 }
 
 /* 1 when v's strides are those of a dense array whose memory order lists v's axes as `order` does
- * (outermost first; axes of size 1 may have any stride, as torch's is_contiguous), 0 not, -1 error. */
-static int dense_in_order(PyObject* v, PyObject* order) {
+ * (outermost first; axes of size 1 may have any stride, as torch's is_contiguous), 0 not, -1 error.
+ * pitch > 0: the axis second in memory order has rows `pitch` elements apart instead (the slices of a
+ * packed projection, jitops.arrays.bshd_pitch), and the outermost axis steps over whole such rows. */
+static int dense_in_order(PyObject* v, PyObject* order, long long pitch) {
   PyObject *shape = PyObject_GetAttr(v, jt_s_shape), *stride = shape ? PyObject_CallMethodObjArgs(v, jt_s_stride, NULL) : NULL;
   Py_ssize_t k, n = PyTuple_GET_SIZE(order);
   long long step = 1;
@@ -73,6 +75,7 @@ static int dense_in_order(PyObject* v, PyObject* order) {
     size = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, ax));
     st = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, ax));
     if ((size == -1 || st == -1) && PyErr_Occurred()) { ok = -1; break; }
+    if (k == 1 && pitch > 0) step = pitch;
     if (size != 1 && st != step) ok = 0;
     step *= size;
   }
@@ -83,8 +86,9 @@ static int dense_in_order(PyObject* v, PyObject* order) {
 
 /* 1 when every input has the memory format its `expect` entry names, 0 not, -1 error. Entry item 4
  * (absent or None): C-contiguous; a memory format object (torch.channels_last) the array must be
- * contiguous in while not C-contiguous, as jitops.arrays reads it; or, for a layout torch has no
- * memory format for ("bshd"), a tuple: the memory order of the logical axes (jitops.arrays.LAYOUTS). */
+ * contiguous in while not C-contiguous, as jitops.arrays reads it; for a layout torch has no
+ * memory format for ("bshd"), a tuple: the memory order of the logical axes (jitops.arrays.LAYOUTS);
+ * or for such a layout with a row pitch, the tuple (memory order, pitch). */
 int jt_formats_match(PyObject* expect, PyObject* inputs) {
   Py_ssize_t i;
   for (i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
@@ -101,8 +105,14 @@ int jt_formats_match(PyObject* expect, PyObject* inputs) {
       continue;
     }
     if (c) return 0;
+    if (PyTuple_Check(fmt) && PyTuple_GET_SIZE(fmt) == 2 && PyTuple_Check(PyTuple_GET_ITEM(fmt, 0))) {
+      long long pitch = PyLong_AsLongLong(PyTuple_GET_ITEM(fmt, 1));
+      if (pitch == -1 && PyErr_Occurred()) return -1;
+      if ((c = dense_in_order(v, PyTuple_GET_ITEM(fmt, 0), pitch)) != 1) return c;
+      continue;
+    }
     if (PyTuple_Check(fmt)) {
-      if ((c = dense_in_order(v, fmt)) != 1) return c;
+      if ((c = dense_in_order(v, fmt, 0)) != 1) return c;
       continue;
     } else {
       PyObject *meth = PyObject_GetAttr(v, jt_s_is_contiguous), *args = PyTuple_New(0), *kw = NULL;
