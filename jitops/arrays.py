@@ -225,7 +225,7 @@ def _wrap(obj: Any, name: str, op: str) -> ArrayRef:
         kind = "cupy" if is_cupy(obj) else "cai"
         dev_index = int(obj.device.id) if kind == "cupy" else 0
         elements = span_elements(shape, tuple(st // itemsize for st in strides)) if pitch else int(np.prod(shape, dtype=np.int64))
-        dense_rows = pitch == shape[1] * shape[3]     # a plain transposed [B, S, H, D] array
+        dense_rows = bool(pitch) and pitch == shape[1] * shape[3]     # a plain transposed [B, S, H, D] array
         return ArrayRef(obj, kind, shape, dtype, int(cai["data"][0]), elements * itemsize, False, dev_index,
                         "bshd" if pitch else "", 0 if dense_rows else pitch)
     if isinstance(obj, (list, tuple, int, float)):

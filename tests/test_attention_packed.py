@@ -244,6 +244,16 @@ def test_device_arrays_with_a_row_pitch_are_classified():
         arrays.wrap(_DeviceView((b, h, s, d), (s * p * 2, d * 2 * 3, p * 2, 2)), "q", "attention")
 
 
+def test_c_contiguous_device_arrays_of_any_rank_stay_plain():
+    """C-contiguous __cuda_array_interface__ arrays (CuPy's default) of rank 1-4, strides given or None, are
+    plain arrays: no layout, no pitch, their own size (a rank-1 CuPy array once failed the pitch test)."""
+    for shape in ((1_000_003,), (7, 5), (2, 3, 4), (2, 4, 9, 16)):
+        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * 4 for i in range(len(shape)))
+        for st in (strides, None):
+            ref = arrays.wrap(_DeviceView(shape, st, "<f4"), "x", "leaky_relu")
+            assert (ref.layout, ref.pitch, ref.nbytes) == ("", 0, int(np.prod(shape)) * 4)
+
+
 def test_tuning_a_packed_problem_checks_and_records_its_pitch(isolated):
     """jitops.tune on packed views: candidates run on whole packed rows (random_inputs), are checked
     against float64, and the record's problem key names the pitch (a dense problem never finds it)."""
