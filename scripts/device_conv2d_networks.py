@@ -26,6 +26,9 @@ import jitops  # noqa: E402
 from conv2d_devkit import graph_us, picked, rel_err  # noqa: E402
 
 NETS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_1_6gf")
+# Input sizes other than 224 (as device_conv2d_pool_sweep.SIZES: the sweeps' layers are these networks' layers;
+# Inception-v3's auxiliary head, run in train mode by calibrate, also needs 299)
+SIZES = {"inception_v3": 299}
 CL = torch.channels_last          # the memory format of both sides (--layout nchw: torch.contiguous_format)
 
 
@@ -75,8 +78,9 @@ def run_net(name: str, batch: int, dtype: torch.dtype) -> dict:
     import torchvision.models as tvm
     torch.manual_seed(0)
     model32 = getattr(tvm, name)().cuda()
-    calibrate(model32, 299 if name == "inception_v3" else 224)      # its auxiliary head (train mode) needs 299
-    x32 = torch.randn(batch, 3, 224, 224, device="cuda")
+    size = SIZES.get(name, 224)
+    calibrate(model32, size)
+    x32 = torch.randn(batch, 3, size, size, device="cuda")
     with torch.no_grad():
         ref = model32(x32).double()
         model = getattr(tvm, name)().eval().cuda()
@@ -123,7 +127,8 @@ def per_layer(name: str, batch: int, dtype: torch.dtype) -> list[dict]:
         counts[key] = counts.get(key, 0) + 1
     hs = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     with torch.no_grad():
-        model(torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=CL))
+        size = SIZES.get(name, 224)
+        model(torch.randn(batch, 3, size, size, device="cuda", dtype=dtype).to(memory_format=CL))
     for h in hs:
         h.remove()
     rows = []
