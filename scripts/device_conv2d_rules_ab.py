@@ -11,7 +11,7 @@ NaN-filled output and timed by graph replay in alternating turns, cuDNN beside.
 h200_rules (2026-11-29 11:00): without them TMA_LONE_SHARE 0.5 (a lone block charged two waves),
 TMA_MARGIN_WHOLE = TMA_MARGIN, TMA_WIDE_FILTER_MIN_COUT 0, TMA_MIN_FLOPS_FAST_MEMORY = TMA_MIN_FLOPS.
 rank_fit (2026-11-29 14:10): without it no TMA_RATE_FAST_MEMORY_SCALE (scripts/conv2d_tma_rank_fit.py).
-Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab.json.
+Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab_DTYPE.json.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ RULES = {
     "rank_fit": ({"TMA_RATE_FAST_MEMORY_SCALE": {}},
                  {"TMA_RATE_FAST_MEMORY_SCALE": wg.TMA_RATE_FAST_MEMORY_SCALE}),
 }
-TOL = 4e-3
+TOL = {"float16": 4e-3, "bfloat16": 2e-2}
 
 
 def apply(consts: dict) -> None:
@@ -48,8 +48,8 @@ def apply(consts: dict) -> None:
     engine.clear_prepared()                 # picks are made again under these constants
 
 
-def layers_ab(nets: str, old: dict, new: dict, out_dir: str) -> None:
-    """Every distinct layer whose fp16 channels_last pick the rules change: both picks checked and timed."""
+def layers_ab(nets: str, old: dict, new: dict, out_dir: str, dtype: str = "float16") -> None:
+    """Every distinct layer whose channels_last pick (fp16 or bf16) the rules change: both picks checked and timed."""
     import jitops
     from jitops.ops import get_op
     from jitops.ops.base import TensorSpec
@@ -59,7 +59,7 @@ def layers_ab(nets: str, old: dict, new: dict, out_dir: str) -> None:
     device = jitops.get_backend().device
     rows, same = [], 0
     for name, xs, ws, attrs, count in distinct_layers(nets):
-        p = op.make_problem({"x": TensorSpec(xs, "float16", "nhwc"), "w": TensorSpec(ws, "float16"), "bias": None},
+        p = op.make_problem({"x": TensorSpec(xs, dtype, "nhwc"), "w": TensorSpec(ws, dtype), "bias": None},
                             attrs)
         apply(old)
         s_old = op.heuristic(p, device)
@@ -69,8 +69,9 @@ def layers_ab(nets: str, old: dict, new: dict, out_dir: str) -> None:
             same += 1
             continue
         g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(xs, device="cuda", dtype=torch.float16, generator=g).to(memory_format=CL)
-        w = torch.randn(ws, device="cuda", dtype=torch.float16, generator=g) * (ws[1] * ws[2] * ws[3]) ** -0.5
+        td = getattr(torch, dtype)
+        x = torch.randn(xs, device="cuda", dtype=td, generator=g).to(memory_format=CL)
+        w = torch.randn(ws, device="cuda", dtype=td, generator=g) * (ws[1] * ws[2] * ws[3]) ** -0.5
         ref = ref_f64(x, w, None, pair(attrs["stride"]), pads4(attrs["padding"]), pair(attrs["dilation"]), 1)
         errs, times = {}, {"old": [], "new": []}
         for label, s in (("old", s_old), ("new", s_new)):
@@ -80,13 +81,13 @@ def layers_ab(nets: str, old: dict, new: dict, out_dir: str) -> None:
             for label, s in (("old", s_old), ("new", s_new)):
                 times[label].append(graph_us(lambda: jitops.conv2d(x, w, schedule=s, **attrs)))
         cudnn = min(vendor_times(x.contiguous(), w, None, attrs).values())
-        row = {"layer": name, "count": count, "old": str(s_old), "new": str(s_new), "errs": errs,
+        row = {"layer": name, "dtype": dtype, "count": count, "old": str(s_old), "new": str(s_new), "errs": errs,
                "old_us": min(times["old"]), "new_us": min(times["new"]), "times": times, "cudnn_us": cudnn}
         rows.append(row)
-        ok = all(e <= TOL for e in errs.values())
+        ok = all(e <= TOL[dtype] for e in errs.values())
         print(f"{name:44s} x{count} old {row['old_us']:6.1f} new {row['new_us']:6.1f} us "
               f"({row['old_us'] / row['new_us']:.2f}x)  cuDNN {cudnn:6.1f}  {'ok' if ok else 'WRONG'}", flush=True)
-        with open(os.path.join(out_dir, "layers_ab.json"), "w") as f:
+        with open(os.path.join(out_dir, f"layers_ab_{dtype}.json"), "w") as f:
             json.dump(rows, f, indent=1)
     nets_seen = sorted({r["layer"].rsplit(" ", 4)[0] for r in rows})
     for net in nets_seen:
@@ -112,7 +113,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
     old, new = RULES[args.rules]
     if args.layers:
-        layers_ab(args.layers, old, new, args.out)
+        for dtype in [d for d in args.dtypes.split(",") if d]:
+            layers_ab(args.layers, old, new, args.out, dtype)
     rows = []
     for dtype in [d for d in args.dtypes.split(",") if d]:
         for net in [n for n in args.nets.split(",") if n]:
