@@ -27,6 +27,7 @@ import time
 import torch
 
 import jitops
+from jitops import arrays
 from jitops.bench.attention import MODELS, PADDED, torch_reference
 from jitops.bench.timing import Timer
 from jitops.ops import get_op
@@ -45,11 +46,24 @@ def heads_inner(shape, dtype, layout="bshd"):
 
 
 def pick(q, k, v, causal):
-    from jitops.arrays import memory_format
-    specs = {n: TensorSpec(tuple(t.shape), str(t.dtype).split(".")[-1],
-                           "" if t.is_contiguous() else memory_format(t))
-             for n, t in (("q", q), ("k", k), ("v", v))}
+    """The heuristic's schedule for these arrays, as the engine would describe them (layout and row pitch)."""
+    specs = {}
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        ref = arrays.wrap(t, n, "attention")
+        specs[n] = TensorSpec(ref.shape, ref.dtype, ref.layout, ref.pitch)
     return op.heuristic(op.make_problem({**specs, "mask": None}, {"causal": causal}), jitops.get_backend().device)
+
+
+def via_copies(q, k, v, causal):
+    """What a caller pays without in-place reads: contiguous copies in, the result back to q's [B, S, H, D] order."""
+    o = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
+    return o.transpose(1, 2).contiguous()
+
+
+def sdpa_on(q, k, v, causal):
+    """torch's SDPA on the same arrays (enable_gqa where k / v have fewer heads)."""
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
 
 
 def one(timer, name, q_shape, kv_shape, causal, dtype):
@@ -66,19 +80,11 @@ def one(timer, name, q_shape, kv_shape, causal, dtype):
         assert errs[label] <= TOL[dtype], (name, label, errs[label])
         if label == "bshd":
             assert out.transpose(1, 2).is_contiguous(), "the result should be a heads-inner view"
-    gqa = k.shape[1] != q.shape[1]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def copies():
-        o = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
-        return o.transpose(1, 2).contiguous()
-
     fns = {"jitops bhsd": lambda: jitops.attention(qc, kc, vc, causal=causal),
            "jitops bshd": lambda: jitops.attention(q, k, v, causal=causal),
            "jitops sbhd": lambda: jitops.attention(qs, ks, vs, causal=causal),
-           "via copies": copies,
-           "SDPA bshd": (lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)) if gqa
-           else (lambda: sdpa(q, k, v, is_causal=causal))}
+           "via copies": lambda: via_copies(q, k, v, causal),
+           "SDPA bshd": lambda: sdpa_on(q, k, v, causal)}
     times = {n: timer.graph_us(f) for n, f in fns.items()}
     # eager: back-to-back calls, the three taking turns trial by trial (the host path is the cost for
     # small problems; bhsd and bshd both repeat through the native RepeatCall unless tensor maps keep

@@ -34,10 +34,10 @@ from jitops import arrays, engine
 from jitops.bench.attention import torch_reference
 from jitops.bench.timing import Timer
 from jitops.ops import get_op
-from jitops.ops.base import Schedule, TensorSpec
+from jitops.ops.base import Schedule
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_attention_layout import heads_inner, sanitize  # noqa: E402
+from device_attention_layout import heads_inner, pick, sanitize, sdpa_on, via_copies  # noqa: E402
 
 op = get_op("attention")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5}
@@ -74,15 +74,6 @@ def error(q, k, v, causal, schedule=None, **kw) -> float:
     return float((out.double() - ref).abs().max() / ref.abs().max())
 
 
-def pick(q, k, v, causal):
-    """The heuristic's schedule for these arrays, as the engine would describe them."""
-    specs = {}
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        ref = arrays.wrap(t, n, "attention")
-        specs[n] = TensorSpec(ref.shape, ref.dtype, ref.layout, ref.pitch)
-    return op.heuristic(op.make_problem({**specs, "mask": None}, {"causal": causal}), jitops.get_backend().device)
-
-
 def native_repeat(q) -> bool:
     """Whether the plan bound for q's signature repeats through the native RepeatCall."""
     fmt = arrays.memory_format(q)
@@ -95,18 +86,10 @@ def one(timer, name, b, s, h, hk, d, causal, dtype):
     dq, dk, dv = heads_inner((b, h, s, d), dtype), heads_inner((b, hk, s, d), dtype), heads_inner((b, hk, s, d), dtype)
     err = error(q, k, v, causal)
     assert err <= TOL[dtype], (name, err)
-    gqa = hk != h
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def copies():
-        o = jitops.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
-        return o.transpose(1, 2).contiguous()
-
     fns = {"jitops packed": lambda: jitops.attention(q, k, v, causal=causal),
            "jitops dense": lambda: jitops.attention(dq, dk, dv, causal=causal),
-           "via copies": copies,
-           "SDPA packed": (lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=True)) if gqa
-           else (lambda: sdpa(q, k, v, is_causal=causal))}
+           "via copies": lambda: via_copies(q, k, v, causal),
+           "SDPA packed": lambda: sdpa_on(q, k, v, causal)}
     graph = {n: timer.graph_us(f) for n, f in fns.items()}
     eager = timer.eager_us({n: fns[n] for n in ("jitops packed", "via copies", "SDPA packed")}, calls=500)
     row = {"name": name, "dtype": str(dtype).split(".")[-1], "b": b, "s": s, "h": h, "hk": hk, "d": d,
