@@ -44,19 +44,19 @@ class Layer:
 
 
 def prepare(rows: list, device) -> list[Layer]:
-    layers = []
+    problems = [R.problem(row) for row in rows]
     keep = wg.tma_candidates
-    for row in rows:
-        p = R.problem(row)
+    wg.tma_candidates = lambda *_: []               # the heuristic's picks without the TMA kernel
+    try:
+        picks_other = [str(R.OP.heuristic(p, device)) for p in problems]
+    finally:
+        wg.tma_candidates = keep
+    layers = []
+    for row, p, pick_other in zip(rows, problems, picks_other):
         pool = S._pool(p, device, None)
         tma = [s for s in pool if wg.is_tma(s)]
         others = [s for s in pool if not wg.is_tma(s)]
-        wg.tma_candidates = lambda *_: []
-        try:
-            pick_other = str(R.OP.heuristic(p, device))
-        finally:
-            wg.tma_candidates = keep
-        best_other = min(estimate(p, s, device) for s in others) if others else math.inf
+        best_other = S._best(p, device, others)[1] if others else math.inf
         layer = Layer(row["layer"], row["count"], row["times"], best_other, pick_other, [(p, s, str(s)) for s in tma])
         if pick(layer, device) in row["times"]:     # as conv2d_pick_regret: a layer whose pick was not timed is left out
             layers.append(layer)
