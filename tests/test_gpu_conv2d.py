@@ -575,3 +575,34 @@ def test_pointwise_stream_matches_float64(gpu_backend, dtype):
     mobilenet = op.make_problem({"x": TensorSpec((32, 16, 112, 112), name, "nhwc"),
                                  "w": TensorSpec((16, 16, 1, 1), name), "bias": None}, {})
     assert op.heuristic(mobilenet, gpu_backend.device).algorithm == pw.ALGORITHM
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_few_pixel_gemv_matches_float64(gpu_backend, dtype):
+    """The few-pixel 1x1 kernel (gemv_1x1), every schedule: squeeze-and-excitation convolutions at 1 x 1 (NCHW
+    and channels_last alike) reducing 1152 -> 48 and expanding 20 -> 480 at batch 32, Cin 34 (2-channel
+    vectors) into 3 channels, 49 channels_last pixels at 7 x 7 over two row tiles, Cin 9 (scalar loads); bias +
+    residual + ReLU / leaky ReLU into NaN-filled outputs; on sm_90 the heuristic's pick for the SE layers."""
+    from jitops.ops import conv2d_gemv as gemv
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
+    name = str(dtype).split(".")[-1]
+    cases = (((32, 1152, 1, 1), (48, 1152, 1, 1), "relu", False), ((32, 20, 1, 1), (480, 20, 1, 1), "relu", True),
+             ((3, 34, 1, 1), (3, 34, 1, 1), "leaky_relu", True), ((1, 64, 7, 7), (40, 64, 1, 1), "relu", False),
+             ((2, 9, 1, 1), (21, 9, 1, 1), "leaky_relu", False))
+    for i, (xs, ws, act, nchw) in enumerate(cases):
+        x, w, b, r, ref = _tma_case(xs, ws, {}, dtype, seed=40 + i, act=act, alpha=0.1)
+        if nchw:
+            x, r = x.contiguous(), r.contiguous()
+        p = op.make_problem({"x": TensorSpec(xs, name) if nchw else TensorSpec(xs, name, "nhwc"),
+                             "w": TensorSpec(ws, name), "bias": None}, {})
+        scheds = gemv.candidates(p)
+        assert scheds, xs
+        for s in scheds:
+            out = torch.full_like(ref, float("nan"), dtype=dtype)
+            out = out.contiguous() if nchw else out.to(memory_format=torch.channels_last)
+            y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, activation=act, alpha=0.1)
+            assert not torch.isnan(y).any(), (xs, s)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (xs, ws, s, err)
+        if _hopper(gpu_backend) and xs[2] == 1:
+            assert op.heuristic(p, gpu_backend.device).algorithm == gemv.ALGORITHM, xs

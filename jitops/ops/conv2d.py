@@ -14,6 +14,7 @@ import numpy as np
 
 from ..device import DeviceInfo
 from . import conv2d_depthwise
+from . import conv2d_gemv
 from . import conv2d_mma as mma
 from . import conv2d_pointwise
 from . import conv2d_stem
@@ -101,6 +102,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                             activation="relu", residual=True)
         depthwise = _problem((1, 16, 20, 20), (16, 1, 3, 3), dtype, bias=True, padding=2, groups=16, dilation=2,
                              activation="relu")
+        squeeze = _problem((3, 20, 1, 1), (12, 20, 1, 1), dtype, bias=True, residual=True, activation="relu")
         out += [
             (general, Schedule.make("naive", block=256)),
             (general, S.gemm_schedule("split_k", (64, 64, 8, 8, 8), 2)),               # dense epilogue + reduce
@@ -109,6 +111,7 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
             (odd, S.winograd_schedule("winograd_4x4", (32, 64, 8, 4, 4))),            # partial tiles
             (point, S.gemm_schedule("gemm_1x1", (128, 64, 8, 8, 8))),                 # 16-byte B loads
             (depthwise, S.direct_schedule(8, 16, 1, 1, 1)),                           # direct, fused epilogue
+            (squeeze, conv2d_gemv.schedule(8, 8)),                                    # few-pixel 1x1 dot products
         ]
         if half:
             out.append((residual, _mma_variant(residual, device)))            # matrix cores: one per target

@@ -22,6 +22,7 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_gemv as gemv
 from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
@@ -155,7 +156,8 @@ def direct_time(prm: CostParams, p: Conv2dProblem, s: Schedule, device: DeviceIn
 def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams = PARAMS) -> float:
     """Estimated seconds for one call (graph replay)."""
     t = _estimate(p, s, device, prm)
-    if s.algorithm in (mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM, pointwise.ALGORITHM):
+    if s.algorithm in (mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM, pointwise.ALGORITHM,
+                       gemv.ALGORITHM):
         return t
     bw = machine(device).bandwidth * prm.elem_eff
     y_bytes = p.n * p.cout * p.oh * p.ow * p.itemsize
@@ -216,6 +218,8 @@ def _estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, prm: CostParams
         return stem.estimate(p, s, device, bw, prm.launch_s, mach.flops_per_sm / 2)
     if alg == pointwise.ALGORITHM:
         return pointwise.estimate(p, s, device, bw, prm.launch_s)
+    if alg == gemv.ALGORITHM:
+        return gemv.estimate(p, s, device, bw, prm.launch_s)
     raise ScheduleError(f"conv2d has no algorithm '{alg}'")
 
 

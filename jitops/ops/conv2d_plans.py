@@ -9,6 +9,8 @@ Algorithms (schedule.algorithm):
                  so the benchmark can show it beside the unsplit GEMM)
   winograd_2x2   F(2x2,3x3): filter transform once per weight (prepare), input transform,
   winograd_4x4   F(4x4,3x3)  batched GEMM over the alpha^2 points, output transform + epilogue
+  (the matrix-core, depthwise, stem, few-channel and few-pixel 1x1 kernels: their own modules,
+  conv2d_mma / conv2d_wgmma / conv2d_depthwise / conv2d_stem / conv2d_pointwise / conv2d_gemv)
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
+from . import conv2d_gemv as gemv
 from . import conv2d_mma as mma
 from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
@@ -29,7 +32,8 @@ from .conv2d_problem import Conv2dProblem
 GEMM_ALGORITHMS = ("implicit_gemm", "gemm_1x1", "split_k")
 WINOGRAD_M = {"winograd_2x2": 2, "winograd_4x4": 4}
 ALGORITHMS = ("naive", "direct", "implicit_gemm", "gemm_1x1", "split_k", "winograd_2x2", "winograd_4x4",
-              mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM, pointwise.ALGORITHM)
+              mma.ALGORITHM, wgmma.ALGORITHM, depthwise.ALGORITHM, stem.ALGORITHM, pointwise.ALGORITHM,
+              gemv.ALGORITHM)
 ELEMENTWISE_BLOCK = 256
 
 
@@ -371,6 +375,8 @@ def plan(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         return stem.plan_stem(p, s, device)
     if s.algorithm == pointwise.ALGORITHM:
         return pointwise.plan_pointwise(p, s, device)
+    if s.algorithm == gemv.ALGORITHM:
+        return gemv.plan_gemv(p, s, device)
     if p.layout == "nhwc":
         return _plan_via_nchw(p, s, device)
     if not p.has_residual:

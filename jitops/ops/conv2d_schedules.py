@@ -14,6 +14,7 @@ from ..errors import ScheduleError
 from .base import Schedule, ceil_div
 from . import conv2d_depthwise as depthwise
 from . import conv2d_mma as mma
+from . import conv2d_gemv as gemv
 from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
@@ -56,6 +57,8 @@ def applicable(p: Conv2dProblem, algorithm: str, device: DeviceInfo) -> bool:
         return stem.why_not(p) is None
     if algorithm == pointwise.ALGORITHM:
         return pointwise.why_not(p) is None and device.matrix_cores
+    if algorithm == gemv.ALGORITHM:
+        return gemv.why_not(p) is None
     if algorithm == "gemm_1x1":
         return p.is_pointwise
     if algorithm in WINOGRAD_M:
@@ -112,7 +115,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         out += stem.candidates(p, device)
     if pointwise.why_not(p) is None and device.matrix_cores:
         out += pointwise.candidates(p, device)
-    return out
+    return out + gemv.candidates(p)
 
 
 def _plannable(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> bool:
@@ -148,6 +151,9 @@ def _pool(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None) -> list[S
     # The few-channel 1x1 stream: its heuristic schedule only, where it rates it (conv2d_pointwise.rated).
     pool = [s for s in pool if s.algorithm != pointwise.ALGORITHM] + \
         pointwise.rated(p, device, explicit=algorithm == pointwise.ALGORITHM)
+    # The few-pixel 1x1 kernel: only its own rule's schedule (the heuristic takes it by gemv.rated).
+    pool = [s for s in pool if s.algorithm != gemv.ALGORITHM] + \
+        gemv.rated(p, device, explicit=algorithm == gemv.ALGORITHM)
     if algorithm is not None:
         pool = [s for s in pool if s.algorithm == algorithm]
         if not pool:
@@ -177,6 +183,7 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
     if algorithm is not None and not applicable(p, algorithm, device):
         reason = {mma.ALGORITHM: mma.why_not, depthwise.ALGORITHM: depthwise.why_not, stem.ALGORITHM: stem.why_not,
                   pointwise.ALGORITHM: lambda q: pointwise.why_not(q) or f"{device.name} has no matrix cores",
+                  gemv.ALGORITHM: gemv.why_not,
                   wgmma.ALGORITHM: lambda q: wgmma.why_not(q, device)}.get(algorithm, lambda _: None)(p)
         raise ScheduleError(f"conv2d algorithm '{algorithm}' does not apply to {p.describe()}"
                             + (f": {reason}" if reason else ""))
@@ -184,6 +191,9 @@ def heuristic(p: Conv2dProblem, device: DeviceInfo, algorithm: str | None = None
         return Schedule.make("naive", why="one thread per output (the seeds' baseline)", block=256)
     if algorithm == "implicit_gemm" and p.is_pointwise:
         algorithm = "gemm_1x1"    # the same GEMM; for 1x1 it reads the input as a plain matrix
+    few_pixels = gemv.rated(p, device) if algorithm is None else []
+    if few_pixels:                # 1x1 over a few pixels (squeeze-and-excitation): one launch of dot products
+        return few_pixels[0]
     pool = _pool(p, device, algorithm)
     best, t = _best(p, device, pool)
     if best.algorithm == stem.ALGORITHM and algorithm is None and wgmma.tf32_stem_on_rows(p, device):
