@@ -11,6 +11,7 @@ NaN-filled output and timed by graph replay in alternating turns, cuDNN beside.
 h200_rules (2026-11-29 11:00): without them TMA_LONE_SHARE 0.5 (a lone block charged two waves),
 TMA_MARGIN_WHOLE = TMA_MARGIN, TMA_WIDE_FILTER_MIN_COUT 0, TMA_MIN_FLOPS_FAST_MEMORY = TMA_MIN_FLOPS.
 rank_fit (2026-11-29 14:10): without it no TMA_RATE_FAST_MEMORY_SCALE (scripts/conv2d_tma_rank_fit.py).
+gemv (2026-11-29 16:00): without it conv2d_gemv.RATED_PIXELS 0 (the few-pixel 1x1 kernel never taken).
 Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab_DTYPE.json.
 """
 from __future__ import annotations
@@ -26,29 +27,34 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from jitops import engine  # noqa: E402
+from jitops.ops import conv2d_gemv as gemv  # noqa: E402
 from jitops.ops import conv2d_wgmma as wg  # noqa: E402
 
 from device_conv2d_networks import run_net  # noqa: E402
 
+# name: (module, its constants without the rules, with them)
 RULES = {
-    "h200_rules": ({"TMA_LONE_SHARE": 0.5, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN, "TMA_WIDE_FILTER_MIN_COUT": 0,
+    "h200_rules": (wg, {"TMA_LONE_SHARE": 0.5, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN, "TMA_WIDE_FILTER_MIN_COUT": 0,
                     "TMA_MIN_FLOPS_FAST_MEMORY": wg.TMA_MIN_FLOPS},
                    {"TMA_LONE_SHARE": wg.TMA_LONE_SHARE, "TMA_MARGIN_WHOLE": wg.TMA_MARGIN_WHOLE,
                     "TMA_WIDE_FILTER_MIN_COUT": wg.TMA_WIDE_FILTER_MIN_COUT,
                     "TMA_MIN_FLOPS_FAST_MEMORY": wg.TMA_MIN_FLOPS_FAST_MEMORY}),
-    "rank_fit": ({"TMA_RATE_FAST_MEMORY_SCALE": {}},
+    "rank_fit": (wg, {"TMA_RATE_FAST_MEMORY_SCALE": {}},
                  {"TMA_RATE_FAST_MEMORY_SCALE": wg.TMA_RATE_FAST_MEMORY_SCALE}),
+    "gemv": (gemv, {"RATED_PIXELS": 0}, {"RATED_PIXELS": gemv.RATED_PIXELS}),
 }
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
 
 
-def apply(consts: dict) -> None:
-    for k, v in consts.items():
-        setattr(wg, k, v)
+def apply(consts: tuple) -> None:
+    """consts: (module, {name: value})."""
+    module, values = consts
+    for k, v in values.items():
+        setattr(module, k, v)
     engine.clear_prepared()                 # picks are made again under these constants
 
 
-def layers_ab(nets: str, old: dict, new: dict, out_dir: str, dtype: str = "float16") -> None:
+def layers_ab(nets: str, old: tuple, new: tuple, out_dir: str, dtype: str = "float16") -> None:
     """Every distinct layer whose channels_last pick (fp16 or bf16) the rules change: both picks checked and timed."""
     import jitops
     from jitops.ops import get_op
@@ -111,7 +117,8 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cudnn.benchmark = True
     print(f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
-    old, new = RULES[args.rules]
+    module, old_values, new_values = RULES[args.rules]
+    old, new = (module, old_values), (module, new_values)
     if args.layers:
         for dtype in [d for d in args.dtypes.split(",") if d]:
             layers_ab(args.layers, old, new, args.out, dtype)
