@@ -71,7 +71,8 @@ def shape_rule(p: Conv2dProblem) -> tuple[int, int]:
     products want more warps on each and more blocks. H200, 2026-11-29 (scripts/device_conv2d_gemv.py, all
     15 schedules on 80 squeeze-and-excitation layers of EfficientNet-B0 / B3, MobileNet-v3-L, RegNetY-1.6GF):
     fitted on the 56 layers at batch 32, 1.011x the fastest schedule timed there (count-weighted), 1.007x on
-    the 24 at batch 1 / 8 held out, worst 1.21x (4 channels on 8 warps everywhere: 1.137x, worst 1.59x)."""
+    the 24 at batch 1 / 8 held out, worst 1.21x (4 channels on 8 warps everywhere: 1.137x, worst 1.59x).
+    Timed in fp16; bf16 and fp32 take the same tiles (checked against float64 there, not timed)."""
     if p.cin < 64:
         return 4, 4
     return (1 if p.cout < 64 else 2 if p.cout < 256 else 4), (8 if p.cin < 256 else 16)
