@@ -64,7 +64,7 @@ def main() -> None:
             w = torch.randn(ws, device="cuda", dtype=td, generator=g) * ws[1] ** -0.5
             b = None                   # as the pool sweeps time them (their times merge: conv2d_pick_regret)
             ref = ref_f64(x, w, b, (1, 1), (0, 0, 0, 0), (1, 1), 1)
-            scheds = {"old": old, **{f"tn{s['tn']}w{s['warps']}": s for s in gemv.candidates(p)}}
+            scheds = {"old": old, **{f"tn{s['tn']}w{s['warps']}": s for s in gemv.candidates(p, device)}}
             errs, times = {}, {k: [] for k in scheds}
             for label, s in scheds.items():
                 out = torch.full(tuple(ref.shape), float("nan"), dtype=td, device="cuda").to(memory_format=CL)

@@ -103,3 +103,9 @@ def test_gemv_refuses_what_it_cannot_run():
         op.plan(_problem((2, 8, 1, 1), 8), gemv.schedule(5, 8), h100)
     with pytest.raises(ScheduleError, match="does not apply"):
         op.heuristic(_problem((300, 8, 1, 1), 8), h100, gemv.ALGORITHM)
+    # wave64 (gfx90a): TN 16 on 16 warps would need 69632 bytes of static shared memory; not a candidate there
+    mi = KNOWN_TARGETS["gfx90a"]
+    with pytest.raises(ScheduleError, match="69632 bytes"):
+        op.plan(_problem((2, 8, 1, 1), 8), gemv.schedule(16, 16), mi)
+    assert len(gemv.candidates(_problem((2, 8, 1, 1), 8), mi)) == len(gemv.TNS) * len(gemv.WARPS) - 1
+    assert len(gemv.candidates(_problem((2, 8, 1, 1), 8), h100)) == len(gemv.TNS) * len(gemv.WARPS)

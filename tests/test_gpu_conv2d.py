@@ -595,7 +595,7 @@ def test_few_pixel_gemv_matches_float64(gpu_backend, dtype):
             x, r = x.contiguous(), r.contiguous()
         p = op.make_problem({"x": TensorSpec(xs, name) if nchw else TensorSpec(xs, name, "nhwc"),
                              "w": TensorSpec(ws, name), "bias": None}, {})
-        scheds = gemv.candidates(p)
+        scheds = gemv.candidates(p, gpu_backend.device)
         assert scheds, xs
         for s in scheds:
             out = torch.full_like(ref, float("nan"), dtype=dtype)

@@ -49,8 +49,17 @@ def schedule(tn: int, warps: int, why: str = "") -> Schedule:
     return Schedule.make(ALGORITHM, why=why, tn=tn, warps=warps)
 
 
-def candidates(p: Conv2dProblem) -> list[Schedule]:
-    return [schedule(tn, warps) for tn in TNS for warps in WARPS] if why_not(p) is None else []
+def shared_bytes(tn: int, warps: int, device: DeviceInfo) -> int:
+    """The warps' partial sums: [warps][warp size][TN + 1] floats, static shared memory."""
+    return warps * device.warp_size * (tn + 1) * 4
+
+
+def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
+    """Every tile whose partial sums fit a block's static shared memory (at warp 64, TN 16 on 16 warps does not)."""
+    if why_not(p) is not None:
+        return []
+    return [schedule(tn, warps) for tn in TNS for warps in WARPS
+            if shared_bytes(tn, warps, device) <= device.shared_per_block and warps * device.warp_size <= 1024]
 
 
 def rated(p: Conv2dProblem, device: DeviceInfo, explicit: bool = False) -> list[Schedule]:
@@ -85,6 +94,10 @@ def plan_gemv(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     tn, warps = int(s["tn"]), int(s["warps"])
     if tn not in TNS or warps not in WARPS:
         raise ScheduleError(f"gemv_1x1: tn={tn} and warps={warps} must be in {TNS} and {WARPS}")
+    smem = shared_bytes(tn, warps, device)
+    if smem > device.shared_per_block or warps * device.warp_size > 1024:
+        raise ScheduleError(f"gemv_1x1: tn={tn} on {warps} warps of {device.warp_size} needs {smem} bytes of shared "
+                            f"memory and {warps * device.warp_size} threads (at most {device.shared_per_block} and 1024)")
     vec = vector(p)
     tm = device.warp_size
     threads = warps * device.warp_size

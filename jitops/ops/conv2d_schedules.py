@@ -115,7 +115,7 @@ def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         out += stem.candidates(p, device)
     if pointwise.why_not(p) is None and device.matrix_cores:
         out += pointwise.candidates(p, device)
-    return out + gemv.candidates(p)
+    return out + gemv.candidates(p, device)
 
 
 def _plannable(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> bool:
