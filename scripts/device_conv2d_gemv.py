@@ -27,6 +27,7 @@ from jitops.ops import get_op  # noqa: E402
 from jitops.ops.base import TensorSpec  # noqa: E402
 
 from conv2d_devkit import CL, graph_us, ref_f64, rel_err, vendor_times  # noqa: E402
+from conv2d_pick_regret import layout_of  # noqa: E402
 from device_conv2d_pool_sweep import distinct_layers  # noqa: E402
 
 NETS = ("efficientnet_b0:32,efficientnet_b3:32,mobilenet_v3_large:32,regnet_y_1_6gf:32,efficientnet_b0:8,"
@@ -50,9 +51,8 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         td = getattr(torch, dtype)
         for name, xs, ws, attrs, count in distinct_layers(args.nets):
-            # channels_last at 1 x 1 pixels is C-contiguous too: jitops reads it as NCHW (conv2d_pick_regret.layout_of)
-            xspec = TensorSpec(xs, dtype, "nhwc") if xs[2] * xs[3] > 1 else TensorSpec(xs, dtype)
-            p = op.make_problem({"x": xspec, "w": TensorSpec(ws, dtype), "bias": None}, attrs)
+            p = op.make_problem({"x": TensorSpec(xs, dtype, layout_of(xs)), "w": TensorSpec(ws, dtype), "bias": None},
+                                attrs)
             if gemv.why_not(p) is not None or p.pixels > gemv.RATED_PIXELS:
                 continue
             pick = op.heuristic(p, device)

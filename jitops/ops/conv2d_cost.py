@@ -21,8 +21,8 @@ from typing import Any
 from ..device import DeviceInfo
 from ..errors import ScheduleError
 from . import conv2d_depthwise as depthwise
-from . import conv2d_mma as mma
 from . import conv2d_gemv as gemv
+from . import conv2d_mma as mma
 from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma

@@ -54,12 +54,16 @@ def shared_bytes(tn: int, warps: int, device: DeviceInfo) -> int:
     return warps * device.warp_size * (tn + 1) * 4
 
 
+def fits(tn: int, warps: int, device: DeviceInfo) -> bool:
+    """The block's partial sums fit its static shared memory and its threads a block (at warp 64, TN 16 on
+    16 warps does not)."""
+    return shared_bytes(tn, warps, device) <= device.shared_per_block and warps * device.warp_size <= 1024
+
+
 def candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
-    """Every tile whose partial sums fit a block's static shared memory (at warp 64, TN 16 on 16 warps does not)."""
     if why_not(p) is not None:
         return []
-    return [schedule(tn, warps) for tn in TNS for warps in WARPS
-            if shared_bytes(tn, warps, device) <= device.shared_per_block and warps * device.warp_size <= 1024]
+    return [schedule(tn, warps) for tn in TNS for warps in WARPS if fits(tn, warps, device)]
 
 
 def rated(p: Conv2dProblem, device: DeviceInfo, explicit: bool = False) -> list[Schedule]:
@@ -94,8 +98,8 @@ def plan_gemv(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
     tn, warps = int(s["tn"]), int(s["warps"])
     if tn not in TNS or warps not in WARPS:
         raise ScheduleError(f"gemv_1x1: tn={tn} and warps={warps} must be in {TNS} and {WARPS}")
-    smem = shared_bytes(tn, warps, device)
-    if smem > device.shared_per_block or warps * device.warp_size > 1024:
+    if not fits(tn, warps, device):
+        smem = shared_bytes(tn, warps, device)
         raise ScheduleError(f"gemv_1x1: tn={tn} on {warps} warps of {device.warp_size} needs {smem} bytes of shared "
                             f"memory and {warps * device.warp_size} threads (at most {device.shared_per_block} and 1024)")
     vec = vector(p)

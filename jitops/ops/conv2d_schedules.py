@@ -13,8 +13,8 @@ from ..device import DeviceInfo
 from ..errors import ScheduleError
 from .base import Schedule, ceil_div
 from . import conv2d_depthwise as depthwise
-from . import conv2d_mma as mma
 from . import conv2d_gemv as gemv
+from . import conv2d_mma as mma
 from . import conv2d_pointwise as pointwise
 from . import conv2d_stem as stem
 from . import conv2d_wgmma as wgmma
