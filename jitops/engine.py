@@ -211,10 +211,8 @@ def _execute(p: Prepared, refs: dict[str, arrays.ArrayRef], host: bool, backend:
             ref = _wrap_out(given, _out_argument(name, out_specs), p.op, spec)
             if ref is None:
                 ref = arrays.wrap(given, _out_argument(name, out_specs), p.op, spec.layout)
-                raise ArgumentError("out", f"shape {spec.storage_shape}{' ' + arrays.LAYOUTS[spec.layout][1] if spec.layout else ''} "
-                                    f"and dtype {spec.dtype}{', dense' if spec.layout == 'bshd' else ''}",
-                                    f"shape {tuple(ref.shape)} dtype {ref.dtype}"
-                                    f"{f' with rows {ref.pitch} elements apart' if ref.pitch else ''}", op=p.op)
+                raise ArgumentError("out", _expected_storage(spec), f"{_shape_and_strides(given)}, dtype {ref.dtype}"
+                                    f"{f', rows {ref.pitch} elements apart' if ref.pitch else ''}", op=p.op)
             if ref.host != host:
                 raise ArgumentError("out", "an array on the same side as the inputs", ref.describe(), op=p.op)
             obj, ptr = given, ref.ptr
@@ -270,6 +268,28 @@ def _wrap_out(given: Any, argument: str, op: str, spec: TensorSpec) -> arrays.Ar
                 and arrays.same_memory_order(spec.shape, ref.layout, spec.layout)):
             return ref
     return None
+
+
+def _expected_storage(spec: TensorSpec) -> str:
+    """What an output must be, memory order included (a mismatch of memory format alone would otherwise
+    read as 'expected shape S, got shape S')."""
+    if not spec.layout:
+        return f"shape {spec.shape}, C-contiguous, dtype {spec.dtype}"
+    order = arrays.LAYOUTS[spec.layout][1]
+    return (f"shape {spec.shape} stored as {order}{' densely' if spec.layout == 'bshd' else ''} (a torch view in "
+            f"that memory order, or an array of shape {spec.storage_shape}), dtype {spec.dtype}")
+
+
+def _shape_and_strides(given: Any) -> str:
+    """An array's own shape and strides in elements, as the caller sees them."""
+    shape = tuple(getattr(given, "shape", ()))
+    stride = getattr(given, "stride", None)
+    if callable(stride):                                   # torch
+        return f"shape {shape}, strides {tuple(stride())}"
+    strides, itemsize = getattr(given, "strides", None), getattr(given, "itemsize", 0)
+    if strides is not None and itemsize:                   # numpy / CuPy: bytes
+        return f"shape {shape}, strides {tuple(st // itemsize for st in strides)}"
+    return f"shape {shape}"
 
 
 def _out_argument(name: str, out_specs: Mapping[str, Any]) -> str:

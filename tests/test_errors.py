@@ -42,6 +42,34 @@ def test_out_mismatch():
         jitops.leaky_relu(x, out=np.empty(4, np.float16))
 
 
+def test_out_in_another_memory_format_names_it():
+    """Shape and dtype right, memory format wrong: the message says which order it needs and the strides
+    it got (it read 'expected shape S, got shape S' before)."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(1, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(5, 3, 3, 3)
+    with pytest.raises(ArgumentError, match=r"argument 'out'.*stored as \(N, H, W, C\).*strides \(80, 16, 4, 1\)"):
+        jitops.conv2d(x, w, out=torch.empty(1, 5, 4, 4))
+    with pytest.raises(ArgumentError, match=r"argument 'out'.*C-contiguous.*strides \(80, 1, 20, 5\)"):
+        jitops.conv2d(x.contiguous(), w, out=torch.empty(1, 5, 4, 4).contiguous(memory_format=torch.channels_last))
+
+
+def test_residual_of_one_pixel_in_either_memory_format():
+    """An output of one pixel per image stores NCHW and NHWC alike, so a residual in either format is
+    read (a channels_last patch embedding over a whole image was refused); where the formats differ in
+    memory the refusal names x's."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(5, 3, 8, 8) / 8
+    r = torch.randn(2, 5, 1, 1)
+    want = torch.nn.functional.conv2d(x.double(), w.double(), stride=8) + r.double()
+    for residual in (r, r.contiguous(memory_format=torch.channels_last)):
+        y = jitops.conv2d(x, w, stride=8, residual=residual)
+        assert float((y.double() - want).abs().max()) < 1e-4
+    with pytest.raises(ArgumentError, match=r"argument 'residual'.*memory format of x \(nhwc\)"):
+        jitops.conv2d(x, w[:, :, :3, :3].contiguous(), residual=torch.randn(2, 5, 6, 6))
+
+
 def test_mixed_kinds():
     torch = pytest.importorskip("torch")
     x = np.ones(4, np.float32)

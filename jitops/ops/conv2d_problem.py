@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..arrays import same_memory_order
 from ..errors import ArgumentError
 from .base import FLOAT_DTYPES, ITEMSIZE, TensorSpec, parse_shape, parse_value, problem_key, \
     require_dtype, require_rank, require_same_dtype, resolve_precision
@@ -242,7 +243,8 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         if tuple(residual.shape) != (p.n, p.cout, p.oh, p.ow):
             raise ArgumentError("residual", f"the output's shape ({p.n}, {p.cout}, {p.oh}, {p.ow})",
                                 f"shape {tuple(residual.shape)}", op=NAME)
-        if getattr(residual, "layout", "") != p.layout:
+        # one pixel per image (or one channel) stores NCHW and NHWC alike: either is the layout of x
+        if not same_memory_order(tuple(residual.shape), getattr(residual, "layout", ""), p.layout):
             raise ArgumentError("residual", f"the memory format of x ({p.layout or 'NCHW'})",
                                 getattr(residual, "layout", "") or "NCHW", op=NAME)
     return p
