@@ -317,3 +317,22 @@ def test_batch_norm_nhwc(dtype):
     for shape in [(256, 64, 56, 56), (8, 3, 7, 7), (2, 40, 5, 5), (4, 1, 3, 3)]:
         for alg in (None, "naive"):
             _nhwc_check("batch_norm", shape, dtype, schedule=alg)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_row_of_48_kib_in_shared_memory_launches(residual):
+    """A 12288-wide fp32 row held in shared memory is 48 KiB of dynamic shared memory; with the reduction's
+    static scratch that is past the default per-block limit, so the kernel must be opted in (it failed to
+    launch, CUDA_ERROR_INVALID_VALUE: found by scripts/fuzz_ops.py, 2026-11-29)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1024, 12288, device="cuda", generator=g)
+    gamma = torch.randn(12288, device="cuda", generator=g)
+    res = torch.randn(1024, 12288, device="cuda", generator=g) if residual else None
+    s = x.double() + (res.double() if residual else 0)
+    want = s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * gamma.double()
+    out = torch.full_like(x, float("nan"))
+    jitops.rms_norm(x, 12288, gamma, residual=res, out=out)
+    assert float((out.double() - want).abs().max()) < 1e-4
+    ln = jitops.layer_norm(x, 12288, gamma, gamma, residual=res)
+    want_ln = torch.nn.functional.layer_norm(s, (12288,), gamma.double(), gamma.double(), 1e-5)
+    assert float((ln.double() - want_ln).abs().max()) < 1e-4

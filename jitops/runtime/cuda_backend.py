@@ -113,7 +113,7 @@ class CudaBackend(Backend):
     def __init__(self, target: str | None = None, ordinal: int | None = None):
         self.ordinal = int(os.environ.get(config.ENV_DEVICE, "0")) if ordinal is None else ordinal
         self._ctx = 0
-        self._raised_smem: set[int] = set()
+        self._raised_smem: dict[int, int] = {}     # kernel handle -> dynamic bytes opted in
         self._lock = threading.Lock()
         if target is not None:
             _nvrtc()  # an offline backend exists to compile: fail now if it cannot
@@ -237,9 +237,12 @@ class CudaBackend(Backend):
         return out
 
     def _prepare_shared(self, kernel: Kernel, shared_bytes: int) -> None:
-        if shared_bytes > _DEFAULT_SMEM and kernel.handle not in self._raised_smem:
+        """Opt a kernel in to more than the default 48 KiB per block, which counts static and dynamic shared
+        memory together (a 48 KiB dynamic row beside a reduction's static scratch failed to launch)."""
+        over_default = kernel.static_shared + shared_bytes > _DEFAULT_SMEM
+        if over_default and self._raised_smem.get(kernel.handle, 0) < shared_bytes:
             drv.call("cuFuncSetAttribute", kernel.handle, drv.FUNC_ATTR["max_dynamic_shared_size_bytes"], shared_bytes)
-            self._raised_smem.add(kernel.handle)
+            self._raised_smem[kernel.handle] = shared_bytes
 
     def _failed(self, code: int, kernel: Kernel, grid: Sequence[int], block: Sequence[int], shared: int) -> None:
         drv.check(code, f"cuLaunchKernel({kernel.name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared})")
