@@ -128,3 +128,21 @@ def test_precision_errors_and_choice(emu):
     p = pick("3xtf32")[0]
     with pytest.raises(ScheduleError, match="registers"):
         op.plan(p, mma_schedule(128, 128, 32, 2, 2, 3), dev)       # 64x64 warp tiles
+
+
+def test_few_channel_pointwise_offers_no_window_rows_and_its_wgmma_candidates_compile():
+    """A 1x1 over at most 4 channels in TF32 passed the window-rows rule, and wgmma.hip.j2 cannot read a
+    pointwise problem's K as window rows: three such candidates failed to compile (NVRTC: identifier
+    "c" is undefined), found by scripts/fuzz_ops.py --candidates on the H200, 2026-11-29."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from jitops import engine
+    backend = jitops.get_backend(target="sm_90")
+    p = op.make_problem({"x": TensorSpec((2, 4, 64, 13), "float32"), "w": TensorSpec((17, 4, 1, 1), "float32"),
+                         "bias": None, "residual": None}, {"precision": "tf32", "activation": "relu"})
+    cands = [s for s in op.candidates(p, backend.device) if s.algorithm == "implicit_gemm_wgmma"]
+    assert cands and not [s for s in cands if s.get("window_rows", 0)]
+    for s in cands[:6]:
+        engine.compile_problem("conv2d", p, backend, s)
+    stem = op.make_problem({"x": TensorSpec((2, 4, 64, 13), "float32"), "w": TensorSpec((17, 4, 3, 3), "float32"),
+                            "bias": None, "residual": None}, {"precision": "tf32", "padding": 1})
+    assert [s for s in op.candidates(stem, backend.device) if s.get("window_rows", 0)]   # still offered with a window

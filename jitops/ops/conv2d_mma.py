@@ -93,6 +93,8 @@ def window_rows_why_not(p: Conv2dProblem) -> str | None:
         return f"the window-rows GEMM takes float16, bfloat16 or float32 with precision 'tf32' (got {p.dtype})"
     if p.groups != 1 or p.cin > 4:
         return f"the window-rows GEMM takes one group of at most 4 input channels (got {p.groups} x {p.cin_g})"
+    if p.is_pointwise:      # wgmma.hip.j2 reads a pointwise problem's K as channels, not as window rows
+        return "the window-rows GEMM takes a filter wider than 1x1 at stride 1 (a pointwise problem has no window)"
     if p.dilation != (1, 1) or (p.stride[1] % 2 and not tf32) or p.kw > (8 if tf32 else 16):
         return ("the window-rows GEMM needs no dilation, an even horizontal stride (16-bit) and KW <= 16 (8 in "
                 f"fp32) (got dilation {p.dilation}, stride {p.stride}, KW {p.kw})")
