@@ -26,7 +26,7 @@ run misc tests/test_wgmma.py tests/test_gpu_alignment.py tests/test_gpu_norms.py
   tests/test_gpu_attention_tf32.py \
   tests/test_gpu_streams.py &
 run rest tests/test_gpu_native.py tests/test_gpu_tune.py tests/test_gpu_onnx.py tests/test_gpu_benchmark_mode.py \
-  tests/test_ort_gpu_node_path.py &
+  tests/test_ort_gpu_node_path.py tests/test_gpu_fuzz.py &
 wait
 status=0
 for f in "$out"/pytest_*.txt; do

@@ -7,11 +7,13 @@ GQA, masks, causal diagonals, packed q/k/v views, bias / residual / activation, 
 precision), runs the scheduler's pick into a NaN-filled output where the call takes `out`, and compares
 with an independent float64 torch reference. A refusal (a clear ValueError / ScheduleError naming the
 argument) counts as refused, not failed; a wrong or unwritten element, a crash or an unclear exception
-fails. Each case is written to OUT/fuzz.jsonl as it finishes (a driver error that kills the process
-leaves the cases before it) and can be re-run alone with --case.
+fails. Each call is made twice on new data (the second takes the cached plan, and the native repeat
+path where the op has one); --candidates N also checks N random other schedules of each problem (what
+the tuner may time and keep). Each case is written to OUT/fuzz.jsonl as it finishes (a driver error that
+kills the process leaves the cases before it) and can be re-run alone with --case.
 
     python3 scripts/fuzz_ops.py [--ops conv2d,attention,norms] [--cases 200] [--seed 0] [--max-gflop 2]
-                                [--out DIR] [--case JSON]
+                                [--candidates N] [--emulator 32|64 [--matrix-cores]] [--out DIR] [--case JSON]
 """
 from __future__ import annotations
 
@@ -346,6 +348,11 @@ def run_case(torch, jitops, c: dict, seed: int, candidates: int = 0) -> dict:
     from jitops.ops import get_op
     t0 = time.time()
     result, prepared = run_one(torch, jitops, c, seed)
+    if result["status"] == "passed":
+        # the same call on new data: the cached plan and the native repeat path (stale pointers or maps)
+        again, _ = run_one(torch, jitops, c, seed + 7919)
+        if again["status"] != "passed":
+            result = again | {"detail": f"the repeated call: {again.get('detail') or again.get('error')}"}
     mine = [p for p in prepared if p.op == c["op"]]
     if candidates and result["status"] == "passed" and mine:
         problem = mine[0].problem
@@ -377,12 +384,25 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--candidates", type=int, default=0, help="random other schedules checked per case")
     ap.add_argument("--case", help="one case as JSON (a line of fuzz.jsonl), re-run alone")
+    ap.add_argument("--emulator", type=int, choices=(32, 64),
+                    help="run on the CPU emulator (checked mode) at this warp size, GPU or not")
+    ap.add_argument("--matrix-cores", action="store_true",
+                    help="with --emulator: matrix-core fragments in software, so the schedulers pick the mma / MFMA "
+                         "kernels (warp 64: AMD's wave64 layouts, never run on hardware here)")
     args = ap.parse_args()
     import torch
 
     import jitops
-    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    DEVICE = "cuda" if torch.cuda.is_available() and not args.emulator else "cpu"
     gpu = DEVICE == "cuda"
+    if not gpu:
+        import dataclasses
+
+        from jitops.runtime.cpu_backend import CpuBackend
+        backend = CpuBackend(warp_size=args.emulator or 32, checked=True)
+        if args.matrix_cores:
+            backend.device = dataclasses.replace(backend.device, matrix_cores=True)
+        jitops.use_backend(backend).__enter__()       # for the whole process
     cases = []
     if args.case:
         one = json.loads(args.case)
@@ -390,7 +410,8 @@ def main() -> int:
     else:
         for family in args.ops.split(","):
             rng = random.Random(f"{args.seed}-{family}")
-            cases += [(DRAW[family](rng, gpu, args.max_gflop), args.seed * 100003 + i) for i in range(args.cases)]
+            cases += [(DRAW[family](rng, gpu or args.matrix_cores, args.max_gflop), args.seed * 100003 + i)
+                      for i in range(args.cases)]
     os.makedirs(args.out, exist_ok=True)
     counts: dict = {}
     algorithms: dict = {}
@@ -418,7 +439,8 @@ def main() -> int:
         print(f"{op:12} {status:8} {n}")
     print("kernels picked (algorithm: calls):", ", ".join(f"{a}: {n}" for a, n in sorted(algorithms.items())))
     print(f"{len(failed)} failed of {sum(counts.values())} ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
-          f"{torch.cuda.get_device_name() if gpu else 'CPU emulator'})")
+          f"{torch.cuda.get_device_name() if gpu else f'CPU emulator, warp {args.emulator or 32}'}"
+          f"{', matrix cores' if args.matrix_cores else ''})")
     return 1 if failed else 0
 
 
