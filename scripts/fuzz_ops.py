@@ -402,7 +402,9 @@ def main() -> int:
         backend = CpuBackend(warp_size=args.emulator or 32, checked=True)
         if args.matrix_cores:
             backend.device = dataclasses.replace(backend.device, matrix_cores=True)
-        jitops.use_backend(backend).__enter__()       # for the whole process
+        scope = jitops.use_backend(backend)           # held for the whole run (a dropped one restores the default)
+        scope.__enter__()
+        assert jitops.get_backend() is backend
     cases = []
     if args.case:
         one = json.loads(args.case)

@@ -25,6 +25,19 @@ def test_random_calls_on_the_emulator(emu, family):
     assert sum(r["status"] == "passed" for r in results) >= 4
 
 
+@pytest.mark.parametrize("family", ["conv2d", "attention"])
+def test_random_calls_on_the_matrix_core_emulator(mma_emu, family):
+    """The same with matrix-core fragments in software, so the picks are the mma.sync (warp 32) and MFMA
+    (warp 64, AMD's wave64 layouts) kernels, which no machine here runs on hardware."""
+    fuzz_ops.DEVICE = "cpu"
+    seed = {"conv2d": 7, "attention": 6}[family]            # seeds whose four draws the mma kernels take
+    rng = random.Random(f"{seed}-{family}")
+    results = [fuzz_ops.run_case(torch, jitops, fuzz_ops.DRAW[family](rng, True, 0.0003), seed * 100003 + i)
+               for i in range(4)]
+    assert not [r for r in results if r["status"] == "failed"], results
+    assert any("_mma" in pick for r in results for pick in r.get("picks", [])), results
+
+
 def test_a_wrong_answer_fails_the_check():
     """The check itself can fail: one element off by a few percent of the RMS, and a NaN."""
     fuzz_ops.DEVICE = "cpu"
