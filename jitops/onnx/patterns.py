@@ -249,6 +249,8 @@ def match_decomposed_group_norm(view: GraphView, inorm: Any, fuse: bool, namer: 
     params = []
     for name, fill, what in ((gamma, 1.0, "gamma"), (beta, 0.0, "beta")):
         value = view.constant(name).reshape(-1) if name else np.full(channels, fill, dtype=dtype)
+        if value.size == 1:     # one value for all channels: nn.GroupNorm(affine=False) exports ones / zeros [1, 1, 1]
+            value = np.full(channels, value[0], dtype=value.dtype)
         new = namer(name or x, what)
         consts[new] = np.ascontiguousarray(value.astype(dtype))
         params.append(new)

@@ -1,0 +1,208 @@
+"""Random convolutional networks exported by torch, rewritten by jitops, run against ONNX Runtime (CPU).
+
+Why: tests/test_onnx_models.py pins a corpus of model families; users export their own networks, whose
+convolutions mix kernel sizes, strides, dilations, groups, biases, BatchNorms, activations, residual
+Adds, GroupNorms and channels-last LayerNorms in combinations no corpus lists. Each model here is drawn
+at random, exported with a symbolic batch (opset 13, 14 or 17), mapped and rewritten with no input
+shapes, and run three ways at two batch sizes: ONNX Runtime on the original, on the rewrite through
+its fallback bodies (no jitops library) and through the jitops kernels (the CPU emulator by default).
+A model fails when a rewrite does not pass onnx.checker, when either rewritten run differs from the
+original by more than the tolerance, or when anything raises. Each model's layers, the jitops node
+types taken and the reasons for nodes kept are written to OUT/fuzz_onnx.jsonl.
+
+    python3 scripts/fuzz_onnx.py [--models 30] [--seed 0] [--backend cpu] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import sys
+import time
+import traceback
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def draw_layers(rng: random.Random) -> dict:
+    """A network: input channels and size, then blocks of conv [+ BN] [+ activation] [+ residual] or a norm."""
+    c = rng.choice([1, 3, 4, 8])
+    size = rng.choice([9, 12, 16, 20])
+    layers, chans, h = [], c, size
+    for _ in range(rng.randint(2, 6)):
+        kind = rng.choices(["conv", "norm"], weights=[5, 1])[0]
+        if kind == "norm":
+            norm = rng.choice(["group", "layer_cl"])
+            groups = rng.choice([g for g in (1, 2, 4) if chans % g == 0])
+            layers.append({"kind": "norm", "norm": norm, "groups": groups, "affine": rng.random() < 0.8,
+                           "channels": chans, "act": rng.choice([None, "relu", "leaky"])})
+            continue
+        k = rng.choice([1, 3, 3, 5, 7])
+        cout = rng.choice([chans, chans, 4, 8, 12, 16])
+        groups = 1
+        if rng.random() < 0.25 and cout == chans and chans > 1:
+            groups = chans                                           # depthwise
+        elif rng.random() < 0.15:
+            groups = rng.choice([g for g in (2, 4) if chans % g == 0 and cout % g == 0] or [1])
+        stride = rng.choice([1, 1, 2])
+        dilation = rng.choice([1, 1, 2]) if k > 1 else 1
+        padding = rng.choice([0, dilation * (k - 1) // 2, dilation * (k - 1) // 2])
+        out = (h + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+        if out < 1:                                                  # the image is used up: a 1x1 instead
+            k, stride, dilation, padding, out = 1, 1, 1, 0, h
+        h = out
+        residual = stride == 1 and cout == chans and padding == dilation * (k - 1) // 2 and rng.random() < 0.4
+        layers.append({"kind": "conv", "cin": chans, "cout": cout, "k": k, "stride": stride, "padding": padding,
+                       "dilation": dilation, "groups": groups, "bias": rng.random() < 0.5, "bn": rng.random() < 0.5,
+                       "act": rng.choice([None, "relu", "relu", "leaky", "hardswish", "sigmoid", "relu6"]),
+                       "residual": residual, "act_after_add": residual and rng.random() < 0.6})
+        chans = cout
+    return {"cin": c, "size": size, "layers": layers, "opset": rng.choice([13, 14, 17]),
+            "head": rng.choice(["mean", "flatten"])}
+
+
+def build(spec: dict):
+    """The torch module of a drawn network, with random BatchNorm statistics (eval mode)."""
+    import torch
+    nn, F = torch.nn, torch.nn.functional
+    acts = {"relu": F.relu, "leaky": lambda t: F.leaky_relu(t, 0.1), "hardswish": F.hardswish,
+            "sigmoid": torch.sigmoid, "relu6": F.relu6, None: lambda t: t}
+
+    class Block(nn.Module):
+        def __init__(self, layer: dict):
+            super().__init__()
+            self.layer = layer
+            if layer["kind"] == "norm":                         # nn modules, as models write them
+                make = (lambda c: nn.GroupNorm(layer["groups"], c, affine=layer["affine"])) if layer["norm"] == "group" \
+                    else (lambda c: nn.LayerNorm(c, eps=1e-6, elementwise_affine=layer["affine"]))
+                self.norm = make(layer["channels"])
+                if layer["affine"]:
+                    with torch.no_grad():
+                        self.norm.weight.normal_(1, 0.2)
+                        self.norm.bias.normal_(0, 0.2)
+            if layer["kind"] == "conv":
+                self.conv = nn.Conv2d(layer["cin"], layer["cout"], layer["k"], layer["stride"], layer["padding"],
+                                      layer["dilation"], layer["groups"], layer["bias"])
+                self.bn = nn.BatchNorm2d(layer["cout"]) if layer["bn"] else None
+                if self.bn is not None:
+                    with torch.no_grad():
+                        self.bn.running_mean.normal_(0, 0.2)
+                        self.bn.running_var.uniform_(0.5, 1.5)
+                        self.bn.weight.normal_(1, 0.2)
+                        self.bn.bias.normal_(0, 0.2)
+
+        def forward(self, x):
+            layer = self.layer
+            if layer["kind"] == "norm":
+                if layer["norm"] == "group":
+                    y = self.norm(x)
+                else:                                             # ConvNeXt's channels-last LayerNorm
+                    y = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+                return acts[layer["act"]](y)
+            y = self.conv(x)
+            if self.bn is not None:
+                y = self.bn(y)
+            if layer["residual"]:
+                y = acts[layer["act"]](y) if not layer["act_after_add"] else y
+                y = x + y
+                return acts[layer["act"]](y) if layer["act_after_add"] else y
+            return acts[layer["act"]](y)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(*[Block(layer) for layer in spec["layers"]])
+
+        def forward(self, x):
+            y = self.blocks(x)
+            return y.mean((2, 3)) if spec["head"] == "mean" else y.flatten(1)
+
+    return Net().eval()
+
+
+def export(spec: dict, seed: int) -> bytes:
+    import torch
+    torch.manual_seed(seed)
+    net = build(spec)
+    x = torch.randn(2, spec["cin"], spec["size"], spec["size"])
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), buf, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=spec["opset"], dynamo=False)
+    return buf.getvalue()
+
+
+def run_model(spec: dict, seed: int, backend: str) -> dict:
+    import numpy as np
+    import onnx
+
+    import jitops.onnx as jo
+    from jitops.onnx.testing import max_rel_error, ort_session
+    model = onnx.load_from_string(export(spec, seed))
+    groups = jo.map_nodes(model)
+    taken: dict = {}
+    kept = []
+    for g in groups:
+        if g.supported:
+            taken[g.op_type] = taken.get(g.op_type, 0) + 1
+        else:
+            kept.append(g.describe()[:300])
+    rewritten = jo.rewrite(model)
+    onnx.checker.check_model(rewritten)
+    sess = jo.session(model, providers=["CPUExecutionProvider"], backend=backend)
+    errors = {}
+    for batch in (1, 3):
+        x = np.random.default_rng(seed + batch).standard_normal((batch, spec["cin"], spec["size"], spec["size"]))
+        feeds = {"x": x.astype(np.float32)}
+        ref = ort_session(model).run(None, feeds)[0]
+        fallback = ort_session(rewritten).run(None, feeds)[0]
+        got = sess.run(None, feeds)[0]
+        if fallback.shape != ref.shape or got.shape != ref.shape:
+            raise AssertionError(f"batch {batch}: shapes {fallback.shape} / {got.shape}, expected {ref.shape}")
+        errors[batch] = (max_rel_error(fallback, ref), max_rel_error(got, ref))
+    worst = max(max(e) for e in errors.values())
+    return {"status": "passed" if worst < 1e-4 else "failed", "worst_rel_error": worst, "taken": taken,
+            "kept": kept}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="cpu", help="where the jitops kernels run: cpu (the emulator), cuda, hip")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rng = random.Random(f"{args.seed}-onnx")
+    failed, taken_all, kept_all = 0, {}, 0
+    with open(os.path.join(args.out, "fuzz_onnx.jsonl"), "a") as log:
+        for i in range(args.models):
+            spec = draw_layers(rng)
+            t0 = time.time()
+            try:
+                result = run_model(spec, args.seed * 1009 + i, args.backend)
+            except Exception as exc:   # a crash, a checker error or a shape mismatch: a failure
+                result = {"status": "failed", "error": f"{type(exc).__name__}: {str(exc)[:800]}",
+                          "trace": traceback.format_exc()[-1500:]}
+            result["s"] = round(time.time() - t0, 1)
+            log.write(json.dumps({"spec": spec} | result) + "\n")
+            log.flush()
+            for t, n in result.get("taken", {}).items():
+                taken_all[t] = taken_all.get(t, 0) + n
+            kept_all += len(result.get("kept", []))
+            if result["status"] != "passed":
+                failed += 1
+                print(f"[{i}] FAILED {json.dumps(spec)}\n  {result.get('error') or result.get('worst_rel_error')}",
+                      flush=True)
+    print("jitops nodes taken:", ", ".join(f"{t}: {n}" for t, n in sorted(taken_all.items())), f"; groups kept: {kept_all}")
+    print(f"{failed} failed of {args.models} models ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+          f"kernels on {args.backend})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
