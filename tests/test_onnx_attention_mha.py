@@ -290,3 +290,40 @@ def test_corpus_vit_kernels_and_fallback_match_ort(corpus, opset, dtype):
         assert got.shape == ref.shape and max_rel_error(got, ref) < tol, (batch, max_rel_error(got, ref))
         assert max_rel_error(ort_session(rw).run(None, f)[0], ref) < tol, batch
     assert "AttentionSbhd" in {k.type.name for kid, k in kernels._kernels.items() if k.calls > before.get(kid, 0)}
+
+
+def test_key_padding_mask_whose_shape_reads_a_head_split_keeps_the_split():
+    """torch's nn.MultiheadAttention(batch_first=True) with a key_padding_mask computes the mask's reshape
+    target from Shape(K's head split): the *Sbhd type, which takes that split into the node, left the Shape
+    reading a value no node wrote any more (onnx.checker: not topologically sorted; found by
+    scripts/fuzz_onnx.py). Now the candidate is refused for that reader and the plain masked type runs."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(C, HEADS, batch_first=True)
+
+        def forward(self, x, mask):
+            return self.mha(x, x, x, key_padding_mask=mask < 0.5, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(2, 6, C), torch.ones(2, 6)), buf, input_names=["x", "mask"],
+                          output_names=["y"], dynamic_axes={"x": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"},
+                                                            "y": {0: "b", 1: "s"}}, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    rewritten = jo.rewrite(model)
+    onnx.checker.check_model(rewritten)
+    assert jitops_types(rewritten) == ["MaskedAttention"]
+    rng = np.random.default_rng(2)
+    mask = np.ones((3, 6), np.float32)
+    mask[2, 4:] = 0
+    feeds = {"x": rng.standard_normal((3, 6, C)).astype(np.float32), "mask": mask}
+    ref = ort_session(model).run(None, feeds)[0]
+    assert max_rel_error(ort_session(rewritten).run(None, feeds)[0], ref) < TOL["float32"]
+    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, feeds)[0]
+    assert max_rel_error(got, ref) < TOL["float32"]

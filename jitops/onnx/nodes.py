@@ -328,6 +328,11 @@ def _pick(view: GraphView, node: Any, fuse: bool, namer: Namer, order: Mapping[i
         if isinstance(match, Rejection):
             first_failure = first_failure or _rejected(match)
             continue
+        outliving = _outliving_reader(view, match)
+        if outliving is not None:
+            first_failure = first_failure or _rejected(Rejection(
+                match.nodes, node.op_type, f"a value it replaces is still read by {_node_id(outliving)}"))
+            continue
         result = _problem(view, match, order, namer)
         if result.supported:
             return result
@@ -335,6 +340,37 @@ def _pick(view: GraphView, node: Any, fuse: bool, namer: Namer, order: Mapping[i
         first_failure = result if first_failure is None or len(result.covered) <= len(first_failure.covered) \
             else first_failure
     return first_failure
+
+
+def _outliving_reader(view: GraphView, cand: Candidate) -> Any | None:
+    """A node outside the match that would still read a value the match replaces once the rewrite drops
+    what only fed the match (rewrite._drop_orphans), or None. The patterns check their own pieces; this
+    catches what they missed: torch's nn.MultiheadAttention computes a padding mask's shape from
+    Shape(K's head split), and that mask, an input of the node, outlived the transpose it read."""
+    covered = {id(n) for n in cand.nodes}
+    produced = {cand.output, *cand.extra_outputs, *(o for n in cand.after_nodes for o in n.output)}
+    keep = {i for i in cand.inputs if i} | {i for n in cand.extra_nodes for i in n.input}
+    memo: dict[int, bool] = {}
+
+    def dies(node: Any) -> bool:
+        """Everything `node` computes is read only by the match or by nodes that die too."""
+        if id(node) not in memo:
+            memo[id(node)] = False                  # in progress (or a cycle): alive
+            outs = [o for o in node.output if o]
+            readers = [u for o in outs for u in view.consumers.get(o, [])]
+            memo[id(node)] = node.domain in ONNX_DOMAINS and not any(a.type in (5, 10) for a in node.attribute) \
+                and not any(o in view.outputs or o in keep for o in outs) \
+                and all(id(u) in covered or dies(u) for u in readers)
+        return memo[id(node)]
+
+    for n in cand.nodes:
+        for o in n.output:
+            if not o or o in produced:
+                continue
+            for reader in view.consumers.get(o, []):
+                if id(reader) not in covered and not dies(reader):
+                    return reader
+    return None
 
 
 # Single-node types worth reporting when they sit in a subgraph (patterns there are not looked for).
