@@ -254,12 +254,28 @@ def _infer(model: Any, rounds: int = 8) -> Any:
                  if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
         typed.update({t.name: None for t in g.initializer})
         added = 0
+        producer = {o: n for n in g.node for o in n.output if o}
         for node in g.node:
-            if node.op_type in SAME_AS_INPUT and node.domain in ("", "ai.onnx") and node.input \
-                    and typed.get(node.input[0]) is not None and node.output and node.output[0] not in typed:
+            if node.domain not in ("", "ai.onnx") or not node.input or not node.output or node.output[0] in typed:
+                continue
+            like = None
+            if node.op_type in SAME_AS_INPUT:
+                like = typed.get(node.input[0])
+            elif node.op_type == "Reshape" and len(node.input) > 1:
+                # Reshape(x, Shape(y)): y's shape (torch's GroupNorm reshapes back to its input's shape so,
+                # which onnx leaves open at opset 13; a Conv after it then had no known rank)
+                src = producer.get(node.input[1])
+                whole = src is not None and src.op_type == "Shape" and src.domain in ("", "ai.onnx") \
+                    and not any(a.name in ("start", "end") for a in src.attribute)
+                data = typed.get(node.input[0])
+                if whole and typed.get(src.input[0]) is not None and data is not None:
+                    like = typed[src.input[0]]
+            if like is not None:
                 vi = g.value_info.add()
-                vi.CopyFrom(typed[node.input[0]])
+                vi.CopyFrom(like)
                 vi.name = node.output[0]
+                if node.op_type == "Reshape":           # the data's element type, the shape's dims
+                    vi.type.tensor_type.elem_type = typed[node.input[0]].type.tensor_type.elem_type
                 typed[vi.name] = vi
                 added += 1
         if not added:
