@@ -266,7 +266,7 @@ def _infer(model: Any, rounds: int = 8) -> Any:
                 # which onnx leaves open at opset 13; a Conv after it then had no known rank)
                 src = producer.get(node.input[1])
                 whole = src is not None and src.op_type == "Shape" and src.domain in ("", "ai.onnx") \
-                    and not any(a.name in ("start", "end") for a in src.attribute)
+                    and not any(a.name == "end" or (a.name == "start" and a.i != 0) for a in src.attribute)
                 data = typed.get(node.input[0])
                 if whole and typed.get(src.input[0]) is not None and data is not None:
                     like = typed[src.input[0]]
