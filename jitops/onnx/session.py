@@ -70,16 +70,37 @@ def session(model: Any, providers: Sequence[Any] | None = None, *, rewrite: bool
         source = str(model) if isinstance(model, Path) else model
     opts = options if options is not None else ort.SessionOptions()
     register(opts)
+    providers = list(providers) if providers is not None else default_providers()
+    _avoid_cpu_float16_crash(opts, providers, proto if proto is not None else load_model(model))
     be = get_backend(backend) if isinstance(backend, str) else backend
     staged_before = kernels.staged_kernel_count()
     with kernels.session_backend(be):
-        sess = ort.InferenceSession(source, sess_options=opts,
-                                    providers=list(providers) if providers is not None else default_providers())
+        sess = ort.InferenceSession(source, sess_options=opts, providers=providers)
     staged = kernels.staged_kernel_count() - staged_before
     if staged:
         warn_staged(staged, sess.get_providers())
     log.info("session with providers %s; %d jitops kernels alive", sess.get_providers(), kernels.kernel_count())
     return sess
+
+
+def _avoid_cpu_float16_crash(opts: Any, providers: Sequence[Any], model: Any) -> None:
+    """ORT's CPU provider at ORT_ENABLE_ALL (the default level) crashed (SIGSEGV, onnxruntime 1.32, no error
+    raised) creating a session for a float16 model with two nn.MultiheadAttention layers once any custom op
+    library was registered, jitops nodes or none (found by scripts/fuzz_onnx.py --dtype float16, 2026-11-29);
+    ORT_ENABLE_EXTENDED runs it. Where the CPU provider comes first and the model holds float16 tensors, the
+    level is lowered to that, with a log line: the level-ALL passes are CPU layout rewrites of float32 convs."""
+    import onnxruntime as ort
+    first = providers[0] if providers else None
+    first = first[0] if isinstance(first, (tuple, list)) else first
+    if first != "CPUExecutionProvider" or opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_ENABLE_ALL:
+        return
+    g = model.graph
+    half = 10                                               # TensorProto.FLOAT16
+    if any(t.data_type == half for t in g.initializer) or any(
+            v.type.tensor_type.elem_type == half for v in [*g.input, *g.output]):
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        log.info("float16 model on ORT's CPU provider: graph optimization level ORT_ENABLE_EXTENDED instead of "
+                 "ORT_ENABLE_ALL (ORT crashed at ALL with a custom op library registered)")
 
 
 _warned = [False]
