@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .graph import GraphView
-from .matchers import Namer, _same_domain
+from .matchers import Namer, _same_domain, dies_with
 from .optypes import BSHD_PERM, SBHD_PERM
 
 log = logging.getLogger("jitops.onnx")
@@ -30,23 +30,10 @@ def _perm(view: GraphView, transpose: Any) -> list[int] | None:
     return None if shape is None else list(range(len(shape)))[::-1]
 
 
-def _dead_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool]) -> bool:
-    """True when everything `node` computes is read only by nodes in `gone` (the replaced ones),
-    directly or through nodes of which the same holds: then the rewrite's orphan pass drops it, as
-    it drops the Shape -> Gather -> Concat chains torch computes reshape targets and scales with."""
-    if id(node) not in memo:
-        memo[id(node)] = False      # a cycle or a repeat visit in progress: not dead
-        readers = [u for o in node.output if o for u in view.consumers.get(o, [])]
-        memo[id(node)] = bool(readers) and _same_domain(node) and not any(a.type in (5, 10) for a in node.attribute) \
-            and not any(o in view.outputs for o in node.output) \
-            and all(id(u) in gone or _dead_with(view, u, gone, memo) for u in readers)
-    return memo[id(node)]
-
-
 def _readers_die_with(view: GraphView, value: str, gone: set[int], memo: dict[int, bool] | None = None) -> bool:
-    """Every reader of `value` is a node in `gone` (ids) or a Shape that dies with them (_dead_with)."""
+    """Every reader of `value` is a node in `gone` (ids) or a Shape that dies with them (matchers.dies_with)."""
     memo = {} if memo is None else memo
-    return all(id(u) in gone or u.op_type == "Shape" and _dead_with(view, u, gone, memo)
+    return all(id(u) in gone or u.op_type == "Shape" and dies_with(view, u, gone, memo)
                for u in view.consumers.get(value, []))
 
 
@@ -145,7 +132,7 @@ def _head_reshapes(view: GraphView, sources: list[str], out: str, pattern: list[
 def _from_sbhd(view: GraphView, value: str, pattern: set[int]) -> tuple[str, list[Any], list[Any], int, int] | None:
     """nn.MultiheadAttention's head split: `value` [B, H, S, D] is Reshape(Transpose(X, perm=[1, 0, 2]))
     of a 3-D X [S, B*H, D], the Transpose read by the Reshape and the Reshape by one node of the
-    pattern (other readers only Shape nodes, which must die with the pattern: _dead_with). Then
+    pattern (other readers only Shape nodes, which must die with the pattern: matchers.dies_with). Then
     Reshape(X, [S, B, H, D]) holds the same numbers in [S, B, H, D] order: (X, [Transpose, Reshape],
     the Shape readers, H, D). None unless H and D are known and the Reshape only splits the leading
     axis (its S and D those of its input; a symbolic S must be symbolic on both sides)."""
@@ -190,7 +177,7 @@ def _mha_heads(view: GraphView, q: str, k: str, v: str, k_extra: list[Any], pv: 
         return None
     covered = [n for _, pieces, _, _, _ in found for n in pieces] + [out_t]
     gone, memo = ids | {id(n) for n in covered}, {}
-    if not all(_dead_with(view, u, gone, memo) for _, _, readers, _, _ in found for u in readers):
+    if not all(dies_with(view, u, gone, memo) for _, _, readers, _, _ in found for u in readers):
         return None
     return [x for x, _, _, _, _ in found], covered, out_t.output[0], found[0][3]
 

@@ -10,7 +10,7 @@ GroupNormalization's per-group (18) vs per-channel (21) scale, Softmax's default
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import numpy as np
 
@@ -75,6 +75,20 @@ def _extra_outputs_used(view: GraphView, node: Any) -> bool:
 
 def _same_domain(node: Any) -> bool:
     return node.domain in ONNX_DOMAINS
+
+
+def dies_with(view: GraphView, node: Any, gone: set[int], memo: dict[int, bool], alive: Collection[str] = ()) -> bool:
+    """True when everything `node` computes is read only by nodes in `gone` (the replaced ones), directly
+    or through nodes of which the same holds, and none of it is a graph output or a value in `alive` (what
+    the replacement still reads): then the rewrite's orphan pass drops it, as it drops the Shape -> Gather
+    -> Concat chains torch computes reshape targets and scales with. `memo` is per (gone, alive)."""
+    if id(node) not in memo:
+        memo[id(node)] = False      # a cycle or a repeat visit in progress: not dead
+        readers = [u for o in node.output if o for u in view.consumers.get(o, [])]
+        memo[id(node)] = bool(readers) and _same_domain(node) and not any(a.type in (5, 10) for a in node.attribute) \
+            and not any(o in view.outputs or o in alive for o in node.output) \
+            and all(id(u) in gone or dies_with(view, u, gone, memo, alive) for u in readers)
+    return memo[id(node)]
 
 
 # ---------------------------------------------------------------- activations (epilogues)

@@ -22,7 +22,7 @@ from ..ops import get_op
 from ..ops.base import TensorSpec
 from .graph import GraphView, load_model
 from .layout import plan_nhwc
-from .matchers import MATCHERS, ONNX_DOMAINS, Candidate, Namer, Rejection, onnx_to_op
+from .matchers import MATCHERS, ONNX_DOMAINS, Candidate, Namer, Rejection, dies_with, onnx_to_op
 from .optypes import OP_TYPES, head_storage_shape
 
 log = logging.getLogger("jitops.onnx")
@@ -351,24 +351,12 @@ def _outliving_reader(view: GraphView, cand: Candidate) -> Any | None:
     produced = {cand.output, *cand.extra_outputs, *(o for n in cand.after_nodes for o in n.output)}
     keep = {i for i in cand.inputs if i} | {i for n in cand.extra_nodes for i in n.input}
     memo: dict[int, bool] = {}
-
-    def dies(node: Any) -> bool:
-        """Everything `node` computes is read only by the match or by nodes that die too."""
-        if id(node) not in memo:
-            memo[id(node)] = False                  # in progress (or a cycle): alive
-            outs = [o for o in node.output if o]
-            readers = [u for o in outs for u in view.consumers.get(o, [])]
-            memo[id(node)] = node.domain in ONNX_DOMAINS and not any(a.type in (5, 10) for a in node.attribute) \
-                and not any(o in view.outputs or o in keep for o in outs) \
-                and all(id(u) in covered or dies(u) for u in readers)
-        return memo[id(node)]
-
     for n in cand.nodes:
         for o in n.output:
             if not o or o in produced:
                 continue
             for reader in view.consumers.get(o, []):
-                if id(reader) not in covered and not dies(reader):
+                if id(reader) not in covered and not dies_with(view, reader, covered, memo, keep):
                     return reader
     return None
 
