@@ -27,24 +27,6 @@ from device_attention_ab import checked_error, custom_shape, first_heads_referen
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
-def graph_of(fn, n: int = 20):
-    """A CUDA graph of n back-to-back calls, warmed up."""
-    import torch
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
 def run_phase(graphs: dict, seconds: float, n: int = 20) -> list[tuple[str, float, float]]:
     """Replay the graphs in turn for `seconds`; [(label, host time at the end, us per call)]."""
     import torch
@@ -107,6 +89,7 @@ def main() -> int:
     import torch
 
     import jitops
+    from jitops.bench.timing import capture_graph
     from jitops.ops import get_op
     from jitops.ops.base import TensorSpec
     os.makedirs(args.out, exist_ok=True)
@@ -124,12 +107,13 @@ def main() -> int:
             pick = op.heuristic(op.make_problem(specs, {"causal": causal}), device)
             g = torch.Generator(device="cuda").manual_seed(1)
             q, k, v = (torch.randn(s, device="cuda", dtype=tdt, generator=g) for s in (qs, kvs, kvs))
-            err, ok = checked_error(q, k, v, causal, args.dtype, pick, first_heads_reference(q, k, v, causal, args.dtype))
+            ref = first_heads_reference(q, k, v, causal, args.dtype)
+            err, ok = checked_error(q, k, v, causal, args.dtype, pick, ref)
             failures += not ok
             print(f"{name}: pick {pick}, error {err:.2e} ({'ok' if ok else 'FAILED'})", flush=True)
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            graphs = {"pick": graph_of(lambda: jitops.attention(q, k, v, causal=causal, schedule=pick)),
-                      "sdpa": graph_of(lambda: sdpa(q, k, v, is_causal=causal))}
+            graphs = {"pick": capture_graph(torch, lambda: jitops.attention(q, k, v, causal=causal, schedule=pick), 20),
+                      "sdpa": capture_graph(torch, lambda: sdpa(q, k, v, is_causal=causal), 20)}
             for phase, which in (("pick alone", ["pick"]), ("sdpa alone", ["sdpa"]),
                                  ("interleaved", ["pick", "sdpa"]), ("sdpa alone, again", ["sdpa"]),
                                  ("pick alone, again", ["pick"])):

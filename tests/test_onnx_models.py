@@ -306,25 +306,37 @@ def test_bfloat16_nodes_are_taken_exactly_when_the_op_accepts_bfloat16(op, op_na
         assert p.inputs["x"].dtype == "bfloat16" and all(v.dtype.name == "bfloat16" for v in p.constants.values())
 
 
+def _export_net(net, shape: tuple, opset: int):
+    """A torch module exported with a symbolic batch, as users export conv nets."""
+    import io
+
+    import torch
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net.eval(), (torch.randn(*shape),), buf, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=opset, dynamo=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _emulator_error(model, shape: tuple) -> float:
+    """The jitops session's (emulator) error against ORT on the model, at `shape` (another batch)."""
+    feeds = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
+    ref = ort_session(model).run(None, feeds)[0]
+    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, feeds)[0]
+    return max_rel_error(got, ref)
+
+
 def test_group_norm_without_affine_is_taken():
     """nn.GroupNorm(affine=False) exports its identity scale and shift as [1, 1, 1] constants: they stand for
     every channel (the pattern refused them as a gamma of one value; found by scripts/fuzz_onnx.py)."""
     torch = pytest.importorskip("torch")
-    import io
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.GroupNorm(4, 16, affine=False),
-                              torch.nn.LeakyReLU(0.1), torch.nn.Conv2d(16, 8, 3)).eval()
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.randn(2, 3, 8, 8),), buf, input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=17, dynamo=False)
-    model = onnx.load_from_string(buf.getvalue())
+                              torch.nn.LeakyReLU(0.1), torch.nn.Conv2d(16, 8, 3))
+    model = _export_net(net, (2, 3, 8, 8), 17)
     assert _taken(jo.map_nodes(model)) == {"Conv2d": 2, "GroupNorm": 1, "LeakyRelu": 1}
-    feeds = {"x": np.random.default_rng(1).standard_normal((3, 3, 8, 8)).astype(np.float32)}
-    ref = ort_session(model).run(None, feeds)[0]
-    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, feeds)[0]
-    assert max_rel_error(got, ref) < 2e-5
+    assert _emulator_error(model, (3, 3, 8, 8)) < 2e-5
 
 
 def test_conv_after_group_norm_at_opset_13_knows_its_rank():
@@ -332,17 +344,8 @@ def test_conv_after_group_norm_at_opset_13_knows_its_rank():
     without a shape at opset 13: the Conv after it stayed ONNX ("the rank ... is not known"; found by
     scripts/fuzz_onnx.py). The graph view gives such a Reshape x's shape."""
     torch = pytest.importorskip("torch")
-    import io
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.GroupNorm(4, 8), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).eval()
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.randn(2, 8, 12, 12),), buf, input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=13, dynamo=False)
-    model = onnx.load_from_string(buf.getvalue())
+    net = torch.nn.Sequential(torch.nn.GroupNorm(4, 8), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU())
+    model = _export_net(net, (2, 8, 12, 12), 13)
     assert _taken(jo.map_nodes(model)) == {"GroupNorm": 1, "Conv2dRelu": 1}
-    feeds = {"x": np.random.default_rng(1).standard_normal((3, 8, 12, 12)).astype(np.float32)}
-    ref = ort_session(model).run(None, feeds)[0]
-    got = jo.session(model, providers=["CPUExecutionProvider"], backend="cpu").run(None, feeds)[0]
-    assert max_rel_error(got, ref) < 2e-5
+    assert _emulator_error(model, (3, 8, 12, 12)) < 2e-5

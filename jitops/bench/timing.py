@@ -10,6 +10,23 @@ from typing import Any, Callable
 log = logging.getLogger("jitops.bench")
 
 
+def capture_graph(torch: Any, fn: Callable[[], Any], n: int) -> Any:
+    """A CUDA graph of n back-to-back calls of fn, warmed up on a side stream first and replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 class Timer:
     """Events of torch when a CUDA/ROCm torch is present, host clocks otherwise."""
 
@@ -56,18 +73,7 @@ class Timer:
             return None
         torch = self.torch
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(n):
-                    fn()
-            graph.replay()
-            torch.cuda.synchronize()
+            graph = capture_graph(torch, fn, n)
             samples = []
             for _ in range(trials):
                 start = torch.cuda.Event(enable_timing=True)
