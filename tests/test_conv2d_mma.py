@@ -555,6 +555,34 @@ def test_wgmma_tma_plan():
             op.plan(bad, s, hopper)
 
 
+def test_wgmma_tma_a_rows():
+    """1x1 stride-1 unpadded layers read A by a tiled map over the input as a [pixels][channels] matrix (box BM
+    rows x one 128-byte chunk), every TMA candidate of theirs does; other layers keep the im2col map, and a
+    schedule asking for a_rows there is refused with the reason."""
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorMap
+    hopper = jitops.get_backend(target="sm_90").device
+    plain = op.make_problem({"x": TensorSpec((32, 128, 28, 28), "float16", "nhwc"),
+                             "w": TensorSpec((512, 128, 1, 1), "float16"), "bias": None}, {})
+    cands = wg.tma_candidates(plain, hopper)
+    assert cands and all(int(s.get("a_rows", 0)) == 1 for s in cands)
+    launch = next(l for l in op.plan(plain, cands[0], hopper).launches if l.kernel == "conv2d_wgmma_tma")
+    amap = next(a for a in launch.args if isinstance(a, TensorMap))
+    assert amap.im2col is None and amap.dims == (128, 32 * 28 * 28) and amap.box == (64, int(cands[0]["bm"]))
+    assert dict(launch.params)["a_rows"] == 1
+    for k, attrs in ((1, {"stride": 2}), (3, {"padding": 1})):
+        other = op.make_problem({"x": TensorSpec((32, 128, 28, 28), "float16", "nhwc"),
+                                 "w": TensorSpec((512, 128, k, k), "float16"), "bias": None}, attrs)
+        assert not any(int(s.get("a_rows", 0)) for s in wg.tma_candidates(other, hopper))
+        with pytest.raises(ScheduleError, match="a_rows .* 1x1 filter, stride 1 and no padding"):
+            op.plan(other, wg.tma_schedule((128, 128, 4, 2, 0), 64, a_rows=True), hopper)
+    deep = op.make_problem({"x": TensorSpec((32, 2048, 7, 7), "float16", "nhwc"),
+                            "w": TensorSpec((512, 2048, 1, 1), "float16"), "bias": None}, {})
+    pick = op.heuristic(deep, hopper)                      # ResNet-50's 2048 -> 512: the TMA kernel
+    assert wg.is_tma(pick) and pick.get("a_rows") == 1, pick
+
+
 def test_wgmma_tma_heuristic():
     """The heuristic takes the TMA kernel where the H100 sweeps of 2026-11-26 measured it faster (the
     large 3x3 layers, the deep SD layers with split-K), keeps the cp.async / stem kernels for the

@@ -532,6 +532,43 @@ def test_wgmma_tma_matches_float64(gpu_backend, dtype):
             assert err <= tol, (s, xs, ws, attrs, err)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_wgmma_tma_a_rows_matches_float64(gpu_backend, dtype):
+    """1x1 stride-1 layers with A read by a tiled map (a_rows): every TMA tile, plain / persistent / split-K,
+    on pixel counts no tile divides, channels under one chunk (40), past it (136) and padded by the NHWC copy
+    (20 -> 24), bias + residual + ReLU into a NaN-filled output, against float64; fp32 with TF32."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.errors import ScheduleError
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 4e-3}[dtype]
+    extra = {"precision": "tf32"} if dtype == torch.float32 else {}
+    for i, (xs, ws) in enumerate((((3, 40, 9, 7), (200, 40, 1, 1)), ((2, 136, 15, 13), (72, 136, 1, 1)),
+                                  ((1, 20, 11, 11), (64, 20, 1, 1)))):
+        x, w, b, r, ref = _tma_case(xs, ws, {}, dtype, seed=60 + i)
+        spec = {"x": TensorSpec(xs, _spec(x).dtype, "nhwc"), "w": _spec(w), "bias": _spec(b),
+                "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
+        p = get_op("conv2d").make_problem(spec, {"activation": "relu", **extra})
+        ran = 0
+        for tile in wg.TMA_TILES:
+            for persistent, k in ((False, 1), (True, 1), (False, 2)):
+                if len(tile) > 5 and k > 1:
+                    continue
+                s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent, split_k=k, a_rows=True)
+                try:
+                    get_op("conv2d").plan(p, s, gpu_backend.device)
+                except ScheduleError:
+                    continue
+                out = torch.full_like(r, float("nan"))
+                y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, activation="relu", **extra)
+                assert not torch.isnan(y).any(), (s, xs)
+                err = float((y.double() - ref).abs().max() / ref.abs().max())
+                assert err <= tol, (s, xs, ws, err)
+                ran += 1
+        assert ran >= 20, (xs, ran)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_pointwise_stream_matches_float64(gpu_backend, dtype):
     """The few-channel 1x1 stream (pointwise_mma), every schedule: K and N padded to 16 (24 -> 20), a

@@ -138,6 +138,9 @@ def variants(device: DeviceInfo) -> list[tuple[Conv2dProblem, Schedule]]:
                                         {"padding": 1, "stride": 2, "activation": "relu"})
                 out.append((res_nhwc, conv2d_wgmma.schedule(128, 128, 3, 0, persistent=True)))   # scalar stores
                 out.append((res_nhwc, conv2d_wgmma.tma_schedule((256, 128, 4, 2, 232), 64)))      # TMA, setmaxnreg
+                plain_1x1 = make_problem({"x": TensorSpec((2, 16, 9, 7), dtype, "nhwc"),
+                                          "w": TensorSpec((24, 16, 1, 1), dtype), "bias": None}, {})
+                out.append((plain_1x1, conv2d_wgmma.tma_schedule((64, 128, 4, 1, 0), 64, a_rows=True)))  # TMA, A tiled
                 nchw_1x1 = _problem((2, 40, 8, 6), (72, 40, 1, 1), dtype, bias=True, residual=True, activation="relu")
                 out.append((nchw_1x1, conv2d_wgmma.schedule(128, 64, 4, 0, b_nchw=True)))          # NCHW read in place
                 out.append((rgb, conv2d_wgmma.schedule(64, 64, 4, 0, rows=True)))                  # RGB window rows
