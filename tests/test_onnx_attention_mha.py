@@ -174,15 +174,20 @@ def test_float16_against_a_float64_reference():
     assert got.dtype == np.float16 and max_rel_error(got, ref) < 5e-3
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("opset,target,seq", [(13, "const", 5), (14, "concat", None)])
-def test_fallback_body_before_castlike(opset, target, seq):
-    """Opsets 13-14 (float32 patterns only): a body ORT runs. (At opset 13 onnx infers no rank for
-    a Reshape to a computed target, so the pattern is not seen there at all, plain type included.)"""
-    model = mha_attention(opset=opset, masked=True, target=target, seq=seq)
+def test_fallback_body_before_castlike(opset, target, seq, dtype):
+    """Opsets 13-14 (no CastLike): a body ORT runs, float16 included (the scale and -inf go to Q's type by
+    Cast(to=x_type), the node's attribute). (At opset 13 onnx infers no rank for a Reshape to a computed
+    target, so the pattern is not seen there at all, plain type included.)"""
+    model = mha_attention(dtype, opset=opset, masked=True, target=target, seq=seq)
     rw = jo.rewrite(model)
     assert jitops_types(rw) == ["MaskedAttentionSbhd"] and count_ops(rw, "Transpose") == 0
-    f = feeds(2, 5, masked=True)
-    assert max_rel_error(ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]) < 1e-6
+    node = next(n for n in rw.graph.node if n.domain == "jitops")
+    assert {a.name: a.i for a in node.attribute}["x_type"] == (1 if dtype == "float32" else 10)
+    f = feeds(2, 5, dtype, masked=True)
+    got, ref = ort_session(rw).run(None, f)[0], ort_session(model).run(None, f)[0]
+    assert got.dtype == ref.dtype and max_rel_error(got, ref) < (1e-6 if dtype == "float32" else TOL[dtype])
 
 
 @pytest.mark.parametrize("case", [{"share": "qt"}, {"share": "k4"}, {"share": "v4"}, {"share": "pv"},

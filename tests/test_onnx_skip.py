@@ -83,7 +83,8 @@ def _check(model, feeds, dtype, expect_types):
     return rw
 
 
-@pytest.mark.parametrize("opset,dtype", [(17, "float32"), (17, "float16"), (13, "float32")])
+@pytest.mark.parametrize("opset,dtype", [(17, "float32"), (17, "float16"), (13, "float32"), (13, "float16"),
+                                         (14, "float16")])
 def test_bias_residual_layer_norm_with_sum(rng, opset, dtype):
     model = block_model(rng, dtype, opset)
     feeds = {"x": (rng.standard_normal((B, S, D)) * 2 + 0.5).astype(dtype)}
@@ -177,12 +178,16 @@ def test_residual_decomposed_rms_norm(rng):
     _check(model, feeds, "float32", ["SkipRmsNormSum"])
 
 
-def test_half_norm_below_opset_15_stays_onnx(rng):
-    """fp16 at opset 13: the spelled-out fallback body would add a float32 epsilon to fp16 data
-    (no CastLike before opset 15), so the norm and its Adds stay ONNX, with that reason."""
-    model = block_model(rng, "float16", 13)
-    groups = jo.map_nodes(model)
-    assert not any(p.supported for p in groups)
-    assert any("needs opset >= 15" in p.reason for p in groups), [p.describe() for p in groups]
-    rw = jo.rewrite(model)
-    assert not [n for n in rw.graph.node if n.domain == "jitops"]
+def test_half_norm_below_opset_15_casts_back_by_its_x_type(rng):
+    """fp16 at opset 13 (no CastLike): the node carries x_type (float16's 10) and its fallback body returns to
+    X's type by Cast(to=x_type); at opset 17 neither exists (CastLike)."""
+    rw = jo.rewrite(block_model(rng, "float16", 13))
+    node = next(n for n in rw.graph.node if n.domain == "jitops")
+    assert {a.name: a.i for a in node.attribute}.get("x_type") == 10
+    body = next(f for f in rw.functions if f.name == node.op_type)
+    assert "x_type" in list(body.attribute)
+    casts = [n for n in body.node if n.op_type == "Cast" and any(a.ref_attr_name == "x_type" for a in n.attribute)]
+    assert len(casts) == 1 and not [n for n in body.node if n.op_type == "CastLike"]
+    rw17 = jo.rewrite(block_model(rng, "float16", 17))
+    node17 = next(n for n in rw17.graph.node if n.domain == "jitops")
+    assert "x_type" not in {a.name for a in node17.attribute}

@@ -311,10 +311,6 @@ def match_softmax_attention(view: GraphView, node: Any, fuse: bool, namer: Namer
         return
     k, k_scale, k_nodes, extra, values = key
     dtype = view.dtype(q)
-    if view.opset < 15 and dtype != "float32":
-        yield Rejection(covered, "MatMul/Softmax/MatMul", "a float16 attention pattern needs opset >= 15 "
-                        "(its fallback body casts the scale with CastLike)")
-        return
     attrs = {"scale": float(scale * k_scale), "is_causal": int(sc.causal)}
     op_type = "MaskedAttention" if mask else "Attention"
     v = pv.input[1]

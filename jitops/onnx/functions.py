@@ -4,6 +4,11 @@ A rewritten model carries one FunctionProto per jitops node type it uses (domain
 runtime without the jitops library inlines the body and computes the same thing. Bodies read the
 node's attributes by reference (ref_attr_name) and are written for the model's default opset:
 ops that exist at that opset, with the attributes that opset defines.
+
+Norm and attention bodies compute in float32 and return to X's type: by CastLike from opset 15, and
+before it (opsets 13-14) by a Cast whose `to` is the node's own attribute `x_type` (X's element type,
+which the rewrite writes on those nodes only there: `x_type_attr`), so float16 / bfloat16 nodes keep a
+valid body at every opset.
 """
 from __future__ import annotations
 
@@ -13,6 +18,24 @@ from .layout import TO_NCHW, TO_NHWC
 from .optypes import DOMAIN, HEAD_LAYOUTS, OP_TYPES, OpType
 
 _ATTR_TYPES = {"int": 2, "float": 1, "string": 3, "ints": 7, "floats": 6}   # AttributeProto.AttributeType
+X_TYPE = "x_type"                                   # before opset 15: X's element type, for the Cast back
+_CASTS_BACK = ("layer_norm", "rms_norm", "group_norm", "attention")
+_ELEM_TYPES = {"float32": 1, "float16": 10, "bfloat16": 16, "float64": 11}   # TensorProto.DataType
+
+
+def x_type_attr(type_name: str, opset: int, dtype: str) -> dict[str, int]:
+    """The attribute a node of this type carries for its fallback body ({} where the body needs none):
+    before opset 15 norm and attention bodies cast back to X's type by `Cast(to=x_type)`."""
+    if opset >= 15 or OP_TYPES[type_name].op not in _CASTS_BACK:
+        return {}
+    return {X_TYPE: _ELEM_TYPES[dtype]}
+
+
+def _cast_back(x: str, like: str, y: str, opset: int) -> Any:
+    """y = x in `like`'s type: CastLike from opset 15, before it Cast to the node's attribute x_type."""
+    if opset >= 15:
+        return _node("CastLike", [x, like], [y])
+    return _node("Cast", [x], [y], (_ref(X_TYPE, "int", "to"),))
 
 
 def _ref(name: str, kind: str, target: str | None = None) -> Any:
@@ -69,7 +92,7 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
     # Before opset 21 (GroupNormalization-18 took per-group scale and is deprecated) the body spells
     # it out: statistics per [N, G, C/G * spatial] row in float32, then the per-channel scale and bias.
     from onnx import helper
-    return _casts_for(opset, [
+    return [
         _node("Cast", ["X"], ["xf"], to=1),
         _node("Constant", [], ["g"], (_ref("num_groups", "int", "value_int"),)),
         _node("Constant", [], ["one_shape"], value_ints=[1]),
@@ -92,16 +115,8 @@ def _group_norm(t: OpType, opset: int) -> list[Any]:
         _node("Reshape", ["bias_f", "param_shape"], ["bias_b"]),
         _node("Mul", ["normed", "scale_b"], ["scaled"]),
         _node("Add", ["scaled", "bias_b"], ["yf"]),
-        _node("CastLike", ["yf", "X"], ["Y"]),
-    ])
-
-
-def _casts_for(opset: int, nodes: list[Any]) -> list[Any]:
-    """Before opset 15 (no CastLike to return to X's type) the body computes in X's type."""
-    if opset >= 15:
-        return nodes
-    return [_node("Identity", [n.input[0]], list(n.output)) if n.op_type in ("Cast", "CastLike") else n
-            for n in nodes]
+        _cast_back("yf", "X", "Y", opset),
+    ]
 
 
 def _reduce_mean(x: str, y: str, axis: int, opset: int, tag: str = "") -> list[Any]:
@@ -127,23 +142,18 @@ def _scale_by_std(axis: int, opset: int) -> list[Any]:
 def _row_norm(opset: int, center: bool, bias: bool) -> list[Any]:
     """LayerNorm / RMSNorm over the axes from `axis` on, spelled out (before LayerNormalization-17 /
     RMSNormalization-23): rows of Flatten(x, axis) in float32, then the scale (and bias) broadcast."""
-    # float32 statistics where CastLike exists (opset 15); before that the body computes in X's type.
-    cast = opset >= 15
-    nodes = [_node("Cast", ["X"], ["xf"], to=1) if cast else _node("Identity", ["X"], ["xf"]),
-             _node("Flatten", ["xf"], ["rows"], (_ref("axis", "int"),))]
+    nodes = [_node("Cast", ["X"], ["xf"], to=1), _node("Flatten", ["xf"], ["rows"], (_ref("axis", "int"),))]
     if center:
         nodes += [*_reduce_mean("rows", "mean", 1, opset), _node("Sub", ["rows", "mean"], ["centered"])]
     else:
         nodes += [_node("Identity", ["rows"], ["centered"])]
     nodes += [*_scale_by_std(1, opset),
-              _node("Cast", ["scale"], ["scale_f"], to=1) if cast else _node("Identity", ["scale"], ["scale_f"]),
-              _node("Mul", ["normed", "scale_f"], ["scaled"])]
+              _node("Cast", ["scale"], ["scale_f"], to=1), _node("Mul", ["normed", "scale_f"], ["scaled"])]
     if bias:
-        nodes += [_node("Cast", ["B"], ["bias_f"], to=1) if cast else _node("Identity", ["B"], ["bias_f"]),
-                  _node("Add", ["scaled", "bias_f"], ["yf"])]
+        nodes += [_node("Cast", ["B"], ["bias_f"], to=1), _node("Add", ["scaled", "bias_f"], ["yf"])]
     else:
         nodes += [_node("Identity", ["scaled"], ["yf"])]
-    return nodes + [_node("CastLike", ["yf", "X"], ["Y"]) if cast else _node("Identity", ["yf"], ["Y"])]
+    return nodes + [_cast_back("yf", "X", "Y", opset)]
 
 
 def _layer_norm(t: OpType, opset: int) -> list[Any]:
@@ -243,10 +253,7 @@ def _attention(t: OpType, opset: int, attention_op: bool = False) -> list[Any]:
     # Grouped-query K and V (fewer heads than Q: the rewrite took repeat_kv in) are repeated first.
     nodes = _repeat_kv_heads() + [_node("Einsum", ["Q", "Kq"], ["qk"], equation="...qd,...kd->...qk"),
              _node("Constant", [], ["scale32"], (_ref("scale", "float", "value_float"),))]
-    if opset >= 15:
-        nodes.append(_node("CastLike", ["scale32", "Q"], ["scale"]))
-    else:   # opset 13-14: the rewrite only takes float32 patterns
-        nodes.append(_node("Identity", ["scale32"], ["scale"]))
+    nodes.append(_cast_back("scale32", "Q", "scale", opset))
     nodes.append(_node("Mul", ["qk", "scale"], ["unmasked"]))
     nodes += _causal_hiding("unmasked", "scores", opset)
     if masked:
@@ -280,7 +287,7 @@ def _repeat_kv_heads() -> list[Any]:
 def _causal_hiding(x: str, y: str, opset: int) -> list[Any]:
     """y = x with the keys above the top-left diagonal at -inf where is_causal, else x: a function
     cannot branch on an attribute, so the hidden set is And(j > i, is_causal). Range and Greater
-    (opset 13, the lowest the rewrite takes; there it takes float32 alone, so no CastLike)."""
+    (opset 13, the lowest the rewrite takes)."""
     from onnx import TensorProto, helper
 
     def scalar(name: str, value: float, elem: int = TensorProto.INT64) -> Any:
@@ -298,11 +305,7 @@ def _causal_hiding(x: str, y: str, opset: int) -> list[Any]:
              _node("Cast", ["causal_i"], ["causal_b"], to=TensorProto.BOOL),
              _node("And", ["above", "causal_b"], ["hidden"]),
              scalar("neg_inf32", float("-inf"), TensorProto.FLOAT)]
-    if opset >= 15:
-        nodes.append(_node("CastLike", ["neg_inf32", x], ["neg_inf"]))
-    else:
-        nodes.append(_node("Identity", ["neg_inf32"], ["neg_inf"]))
-    return nodes + [_node("Where", ["hidden", "neg_inf", x], [y])]
+    return nodes + [_cast_back("neg_inf32", x, "neg_inf", opset), _node("Where", ["hidden", "neg_inf", x], [y])]
 
 
 # The function's formal input names, by jitops input name (ONNX's own spellings where it has one).
@@ -327,8 +330,9 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     outputs = ["Y", "S"] if "sum" in t.outputs else ["Y"]
     # num_heads has a default in the body (ONNX functions' attribute defaults): nodes without it read 4-D tensors
     defaults = [helper.make_attribute(a.name, a.default) for a in t.attrs if a.name == "num_heads"]
+    typed = [X_TYPE] if opset < 15 and t.op in _CASTS_BACK else []
     return helper.make_function(DOMAIN, t.name, inputs, outputs, body, [helper.make_opsetid("", opset)],
-                                attributes=[a.name for a in t.attrs if a.name != "num_heads"],
+                                attributes=[a.name for a in t.attrs if a.name != "num_heads"] + typed,
                                 attribute_protos=defaults,
                                 doc_string=f"jitops::{t.name} ({t.op}) in standard ONNX ops: the fallback "
                                            f"where the jitops custom ops are not registered")

@@ -135,8 +135,6 @@ def _problem(view: GraphView, cand: Candidate, order: Mapping[int, int], namer: 
                  for n, s in probed.items()}
     if not reason:
         reason = _unify_dtypes(view, cand, t.inputs, specs, namer)
-    if not reason:
-        reason = _fallback_dtype(view, t.op, specs)
     problem, attrs = None, {}
     if not reason:
         try:
@@ -174,21 +172,6 @@ def op_layout_inputs(op_name: str, layout: str) -> tuple[str, ...]:
     LAYOUTS, "nhwc" alone where it declares none, as jitops.engine reads them)."""
     op = get_op(op_name)
     return tuple(getattr(op, "LAYOUT_INPUTS", ())) if layout in getattr(op, "LAYOUTS", ("nhwc",)) else ()
-
-
-# Norm fallback bodies spelled out in standard ops below these opsets (functions.py)
-_SPELLED_OUT_BELOW = {"layer_norm": 17, "rms_norm": 23, "group_norm": 21}
-
-
-def _fallback_dtype(view: GraphView, op: str, specs: Mapping[str, TensorSpec | None]) -> str:
-    """Before opset 15 (no CastLike) a spelled-out norm body computes in x's type and adds a float32
-    epsilon: valid ONNX only for float32 data. Other dtypes stay ONNX there ('' when fine)."""
-    x = specs.get("x")
-    below = _SPELLED_OUT_BELOW.get(op)
-    if x is None or below is None or view.opset >= 15 or view.opset >= below or x.dtype == "float32":
-        return ""
-    return (f"a {x.dtype} {op} needs opset >= 15 (its fallback body at opset {view.opset} has no CastLike "
-            "and could not run without jitops)")
 
 
 def probe_shapes(op: str, shapes: Mapping[str, tuple[int | None, ...] | None], attrs: Mapping[str, Any]

@@ -11,7 +11,7 @@ import logging
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._version import __version__
-from .functions import function_for
+from .functions import function_for, x_type_attr
 from .graph import default_opset, load_model
 from .layout import NHWC_TYPES, Transposes
 from .nodes import NodeProblem, supported_nodes
@@ -23,13 +23,18 @@ MIN_IR_VERSION = 8          # model-local functions
 METADATA_KEY = "jitops.rewrite"
 
 
-def _jitops_node(p: NodeProblem, inputs: list[str] | None = None, output: str | None = None) -> Any:
+def _jitops_node(p: NodeProblem, opset: int | None, inputs: list[str] | None = None, output: str | None = None) -> Any:
+    """The node of domain jitops for a group; `opset`: the model's, where fallback bodies are added (the
+    node then carries what its body reads besides the op's attributes: x_type before opset 15)."""
     from onnx import helper
     t = OP_TYPES[p.op_type]
     inputs = list(p.node_inputs if inputs is None else inputs)
     while inputs and not inputs[-1]:      # trailing absent optional inputs are left out
         inputs.pop()
     attrs = {k: v for k, v in p.node_attrs.items() if k in {a.name for a in t.attrs}}
+    x = p.inputs.get("x") or p.inputs.get("q")
+    if opset is not None and x is not None:
+        attrs.update(x_type_attr(p.op_type, opset, x.dtype))
     name = "jitops/" + "+".join(p.nodes)
     return helper.make_node(t.name, inputs, [output or p.node_output, *p.node_extra_outputs], name=name,
                             domain=DOMAIN, **attrs)
@@ -64,6 +69,7 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
         covered.update(ids)
         by_last[max(ids, key=lambda i: order[i])] = p
     new_nodes = []
+    body_opset = default_opset(src) if fallback else None
     transposes = Transposes(src.graph, problems)
     for node in src.graph.node:
         if id(node) not in covered:
@@ -74,9 +80,9 @@ def rewrite(model: Any, ops: Iterable[str] | None = None, input_shapes: Mapping[
             new_nodes.extend(p.extra_nodes)
             if p.op_type in NHWC_TYPES:
                 inputs, output, before, after = transposes.around(p)
-                new_nodes += [*before, _jitops_node(p, inputs, output), *after]
+                new_nodes += [*before, _jitops_node(p, body_opset, inputs, output), *after]
             else:
-                new_nodes.append(_jitops_node(p))
+                new_nodes.append(_jitops_node(p, body_opset))
             new_nodes.extend(p.after_nodes)
     del g.node[:]
     g.node.extend(_drop_orphans(new_nodes, [n for p in problems for n in p.covered], out.graph))
