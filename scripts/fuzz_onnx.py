@@ -12,7 +12,9 @@ original by more than the tolerance, or when anything raises. Each model's layer
 types taken and the reasons for nodes kept are written to OUT/fuzz_onnx.jsonl.
 
     python3 scripts/fuzz_onnx.py [--models 30] [--seed 0] [--family conv|transformer|both] [--dtype float32|float16]
-                                 [--backend cpu] [--out DIR]
+                                 [--backend cpu] [--providers CPUExecutionProvider] [--out DIR]
+    (on the device, onnxruntime-gpu: scripts/device_ort_gpu.sh SHA python3 scripts/fuzz_onnx.py --backend cuda
+     --providers CUDAExecutionProvider,CPUExecutionProvider ...)
 """
 from __future__ import annotations
 
@@ -260,8 +262,10 @@ def feeds_of(spec: dict, batch: int, seed: int, seq: int | None = None) -> dict:
     return feeds
 
 
-def run_model(spec: dict, seed: int, backend: str, dtype: str = "float32") -> dict:
-    """float16: the half-precision export, rewritten and run against ORT on the float32 one."""
+def run_model(spec: dict, seed: int, backend: str, dtype: str = "float32",
+              providers: tuple[str, ...] = ("CPUExecutionProvider",)) -> dict:
+    """float16: the half-precision export, rewritten and run against ORT on the float32 one. providers: ORT's
+    for the jitops session (e.g. the CUDA provider first, with the kernels on the GPU)."""
     import onnx
 
     import jitops.onnx as jo
@@ -279,7 +283,7 @@ def run_model(spec: dict, seed: int, backend: str, dtype: str = "float32") -> di
             kept.append(g.describe()[:300])
     rewritten = jo.rewrite(model)
     onnx.checker.check_model(rewritten)
-    sess = jo.session(model, providers=["CPUExecutionProvider"], backend=backend)
+    sess = jo.session(model, providers=list(providers), backend=backend)
     errors = {}
     import numpy as np
     for batch in (1, 3):
@@ -318,6 +322,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16"),
                     help="float16: the half export against ORT on the float32 one")
     ap.add_argument("--backend", default="cpu", help="where the jitops kernels run: cpu (the emulator), cuda, hip")
+    ap.add_argument("--providers", default="CPUExecutionProvider",
+                    help="ORT's providers for the jitops session, comma-separated (e.g. CUDAExecutionProvider,"
+                         "CPUExecutionProvider with --backend cuda)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -329,7 +336,8 @@ def main() -> int:
                 args.family == "both" and i % 2) else draw_layers(rng)
             t0 = time.time()
             try:
-                result = run_model(spec, args.seed * 1009 + i, args.backend, args.dtype)
+                result = run_model(spec, args.seed * 1009 + i, args.backend, args.dtype,
+                                   tuple(args.providers.split(",")))
             except Exception as exc:   # a crash, a checker error or a shape mismatch: a failure
                 result = {"status": "failed", "error": f"{type(exc).__name__}: {str(exc)[:800]}",
                           "trace": traceback.format_exc()[-1500:]}
@@ -346,7 +354,7 @@ def main() -> int:
                       flush=True)
     print("jitops nodes taken:", ", ".join(f"{t}: {n}" for t, n in sorted(taken_all.items())), f"; groups kept: {kept_all}")
     print(f"{failed} failed of {args.models} {args.dtype} models ({skipped} skipped: the export does not run there) ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
-          f"kernels on {args.backend})")
+          f"kernels on {args.backend}, providers {args.providers})")
     return 1 if failed else 0
 
 
