@@ -120,12 +120,18 @@ def heuristic(problem: LeakyReluProblem, device: DeviceInfo, algorithm: str | No
     # Hot-L2 sweep (2026-11-23): 4 vectors per thread also win up to ~4 resident waves (4M fp32:
     # 5.70 vs 6.11 us with one).
     unroll = 4 if resident_blocks // 2 <= one_per_thread <= 4 * resident_blocks else 1
-    streaming = not fits_in_l2(problem, device)
+    # Evict-first accesses (H200 tuner sweeps over every candidate, 2026-11-29, fp16 / bf16 / fp32, 8M-268M
+    # elements): the fastest at 64 MB moved (1.3x L2), 2-6% slower than plain ones from 128 MB on (2.6x L2).
+    streaming = not fits_in_l2(problem, device) and problem.bytes_moved() <= STREAMING_MAX_L2 * device.l2_bytes
     waves = 0
     why = (f"{n} elements of {problem.dtype}: 16-byte accesses ({vec} elements), {unroll} per thread, "
            f"{block} threads per block, one pass over {ceil_div(one_per_thread, unroll)} blocks"
            + (", streaming loads/stores (data used once)" if streaming else ""))
     return _vectorized(problem, device, vec, unroll, block, waves, why, streaming)
+
+
+# The heuristic streams only data moved between one and this many L2s (see heuristic).
+STREAMING_MAX_L2 = 2
 
 
 def fits_in_l2(problem: LeakyReluProblem, device: DeviceInfo) -> bool:
