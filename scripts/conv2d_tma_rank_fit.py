@@ -57,7 +57,8 @@ def prepare(rows: list, device) -> list[Layer]:
         tma = [s for s in pool if wg.is_tma(s)]
         others = [s for s in pool if not wg.is_tma(s)]
         best_other = S._best(p, device, others)[1] if others else math.inf
-        layer = Layer(row["layer"], row["count"], row["times"], best_other, pick_other, [(p, s, str(s)) for s in tma])
+        layer = Layer(row["layer"], row["count"], row["times"], best_other, pick_other,
+                      [(p, s, R.recorded_key(str(s))) for s in tma])
         if pick(layer, device) in row["times"]:     # as conv2d_pick_regret: a layer whose pick was not timed is left out
             layers.append(layer)
     return layers
@@ -122,7 +123,8 @@ def main() -> None:
     wg.TMA_RATE_FAST_MEMORY_SCALE = {}                # the picks before any scaling
     layers = prepare(rows, device)
     by_name = {row["layer"]: row for row in rows}
-    mismatch = [la.name for la in layers if pick(la, device) != str(R.OP.heuristic(R.problem(by_name[la.name]), device))]
+    mismatch = [la.name for la in layers
+                if pick(la, device) != R.recorded_key(str(R.OP.heuristic(R.problem(by_name[la.name]), device)))]
     print(f"{len(layers)} of {len(rows)} layers; the fast evaluator disagrees with the heuristic on {len(mismatch)}")
     half_a = [la for la in layers if la.name.split(" ")[0] in HALF_A]
     half_b = [la for la in layers if la.name.split(" ")[0] not in HALF_A]
