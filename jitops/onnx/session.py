@@ -71,7 +71,7 @@ def session(model: Any, providers: Sequence[Any] | None = None, *, rewrite: bool
     opts = options if options is not None else ort.SessionOptions()
     register(opts)
     providers = list(providers) if providers is not None else default_providers()
-    _avoid_cpu_float16_crash(opts, providers, proto if proto is not None else load_model(model))
+    _avoid_cpu_float16_crash(opts, providers, proto if proto is not None else model)
     be = get_backend(backend) if isinstance(backend, str) else backend
     staged_before = kernels.staged_kernel_count()
     with kernels.session_backend(be):
@@ -88,13 +88,14 @@ def _avoid_cpu_float16_crash(opts: Any, providers: Sequence[Any], model: Any) ->
     raised) creating a session for a float16 model with two nn.MultiheadAttention layers once any custom op
     library was registered, jitops nodes or none (found by scripts/fuzz_onnx.py --dtype float16, 2026-11-29);
     ORT_ENABLE_EXTENDED runs it. Where the CPU provider comes first and the model holds float16 tensors, the
-    level is lowered to that, with a log line: the level-ALL passes are CPU layout rewrites of float32 convs."""
+    level is lowered to that, with a log line: the level-ALL passes are CPU layout rewrites of float32 convs.
+    `model`: a ModelProto, path or bytes, read only where the provider and level call for the check."""
     import onnxruntime as ort
     first = providers[0] if providers else None
     first = first[0] if isinstance(first, (tuple, list)) else first
     if first != "CPUExecutionProvider" or opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_ENABLE_ALL:
         return
-    g = model.graph
+    g = load_model(model).graph
     half = 10                                               # TensorProto.FLOAT16
     if any(t.data_type == half for t in g.initializer) or any(
             v.type.tensor_type.elem_type == half for v in [*g.input, *g.output]):
