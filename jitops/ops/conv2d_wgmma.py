@@ -461,11 +461,6 @@ def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
     return None
 
 
-def is_plain_1x1(p: Conv2dProblem) -> bool:
-    """A 1x1 filter at stride 1 without padding: the NHWC input is the GEMM's A, [pixels][channels]."""
-    return p.kh == p.kw == 1 and tuple(p.stride) == (1, 1) and not any(p.pad)
-
-
 def tma_tile_of(s: Schedule) -> tuple[int, ...]:
     """(bm, bn, stages, consumer warpgroups, setmaxnreg count), and a sixth 1 for ping-pong."""
     tile = (int(s["bm"]), int(s["bn"]), int(s["stages"]), int(s["tma"]), int(s.get("regs", 0)))
@@ -517,7 +512,7 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
         raise ScheduleError(f"TMA wgmma tile {bm}x{bn} over {wgs} warpgroups, {stages} stages: not supported")
     splits, kt_per = tma_splits(p, s)
     a_rows = bool(int(s.get("a_rows", 0)))
-    if a_rows and not is_plain_1x1(p):
+    if a_rows and not p.is_pointwise:      # 1x1, stride 1, no padding: the NHWC input is A, [pixels][channels]
         raise ScheduleError("a_rows (A read as a [pixels][channels] matrix) needs a 1x1 filter, stride 1 and no padding")
     if pingpong and splits > 1:
         raise ScheduleError("the ping-pong TMA kernel takes no split-K")
@@ -606,7 +601,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
             (p.kh * p.kw > 1 and p.cout < TMA_WIDE_FILTER_MIN_COUT):
         return []
     out = []
-    rows = TMA_A_ROWS and is_plain_1x1(p)
+    rows = TMA_A_ROWS and p.is_pointwise
     for tile in TMA_TILES:
         bm, bn, stages = tile[:3]
         if bm > max(64, ceil_div(p.pixels, 64) * 64) or bn > max(64, ceil_div(p.cout, 64) * 64):
