@@ -35,9 +35,10 @@ LAYERS = ((32, 64, 56, 64), (32, 64, 56, 256), (32, 256, 56, 64), (32, 256, 56, 
 CHECKS = ((3, 40, 9, 7, 72), (2, 136, 15, 13, 200), (1, 64, 11, 11, 128))     # odd pixels, C past one chunk
 
 
-def with_rows(s):
+def twin(s, rows: bool):
+    """Schedule s reading A through the tiled map (rows) or the im2col map: the candidates carry a_rows now."""
     return wg.tma_schedule(wg.tma_tile_of(s), int(s["bk"]), persistent=wg.is_persistent(s),
-                           split_k=int(s.get("split_k", 1)), a_rows=True)
+                           split_k=int(s.get("split_k", 1)), a_rows=rows)
 
 
 def check(dev, small: bool = False) -> int:
@@ -104,7 +105,7 @@ def main() -> int:
             cands.append(pick)
         res = {"layer": [n, c, hw, co], "pick": dict(pick.params), "im2col": {}, "rows": {}}
         for s in cands:
-            for kind, sc in (("im2col", s), ("rows", with_rows(s))):
+            for kind, sc in (("im2col", twin(s, False)), ("rows", twin(s, True))):
                 y = jitops.conv2d(x, w, schedule=sc)
                 err = rel_err(y, ref)
                 if not err <= 4e-3:
