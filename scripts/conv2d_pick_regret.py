@@ -17,7 +17,9 @@ import dataclasses
 import gzip
 import json
 import math
+import re
 
+from jitops.ops import conv2d_wgmma as wg
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
 from jitops.runtime import get_backend
@@ -67,8 +69,16 @@ def problem(row: dict, dtype: str = "float16"):
 
 def recorded_key(schedule: str) -> str:
     """The key a sweep recorded a schedule under: sweeps before 2026-11-29 19:00 timed the TMA kernel's 1x1 tiles
-    through the im2col map, which the tiled map (`a_rows`, same tile, 1.018x faster) has replaced."""
-    return schedule.replace("(a_rows=1, ", "(")
+    through the im2col map, which the tiled map (`a_rows`, same tile, 1.018x faster) has replaced; sweeps before
+    2026-11-29 20:50 timed one-wave grids on the shallow ring their deep tile replaced (TMA_ONE_WAVE_DEEPER, 0.99-1.23x
+    slower), so a deep pick is scored at its shallow source's time."""
+    schedule = schedule.replace("(a_rows=1, ", "(")
+    num = {k: int(v) for k, v in re.findall(r"\b(bm|bn|stages|tma|regs)=(\d+)", schedule)}
+    if "tma" in num:
+        tile = (num["bm"], num["bn"], num["stages"], num["tma"], num.get("regs", 0))
+        if tile in wg.TMA_RATED_AS:
+            schedule = re.sub(r"\bstages=\d+", f"stages={wg.TMA_RATED_AS[tile][2]}", schedule)
+    return schedule
 
 
 def score(rows: list, device, verbose: bool = False) -> tuple[dict, list]:

@@ -662,7 +662,7 @@ def test_wgmma_tma_h200_rules():
     t_lone = wg.tma_estimate(deep, lone, h200, bw, 0.0, lone=wg.TMA_LONE_SHARE)
     assert t_lone == pytest.approx(wg.tma_estimate(deep, lone, h200, bw, 0.0, lone=0.5) * 0.5 / wg.TMA_LONE_SHARE,
                                    rel=0.05)
-    assert wg.tma_tile_of(op.heuristic(deep, h200))[:3] == (64, 128, 4)
+    assert wg.tma_tile_of(op.heuristic(deep, h200))[:3] == (64, 128, 8)   # the lone 4-stage tile's deep ring
     assert t_lone < wg.tma_estimate(deep, pair, h200, bw, 0.0)
     # ranking-aware rates (TMA_RATE_FAST_MEMORY_SCALE), the H200 only: ResNet-50 b32's 256 -> 1024 1x1 at 14 x 14
     # on three consumer warpgroups (9.5 us against 10.4 on the 64 x 128 tile it took before, 2026-11-29 14:06)
@@ -703,3 +703,33 @@ def test_wgmma_tma_l2_resident_rate():
         s = op.heuristic(prob((32, 512, 28, 28), (128, 512, 1, 1), dtype), hopper)
         assert wg.is_tma(s) and wg.tma_tile_of(s) == (192, 128, 5, 3, 0), s
         assert not wg.is_tma(op.heuristic(prob((32, 256, 56, 56), (64, 256, 1, 1), dtype), hopper))
+
+
+def test_wgmma_tma_one_wave_deep_ring():
+    """A grid of one wave runs the shallow tiles of TMA_ONE_WAVE_DEEPER on their deep rings (each block is alone
+    on its multiprocessor), rated as their shallow source; grids of more blocks than multiprocessors keep the
+    shallow tiles (two per multiprocessor), and every offered tile fits the device's shared memory."""
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.conv2d_cost import machine
+    h200 = jitops.get_backend(target="sm_90").device
+
+    def offered(x, w, padding=0):
+        p = op.make_problem({"x": TensorSpec(x, "float16", "nhwc"), "w": TensorSpec(w, "float16"), "bias": None},
+                            {"padding": padding})
+        return p, wg.tma_candidates(p, h200)
+    small, cands = offered((32, 2048, 7, 7), (512, 2048, 1, 1))           # 25 x 4 = 100 blocks of 64 x 128
+    assert len(cands) == len(set(cands))
+    for s in cands:                                     # by the blocks of each grid (split-K multiplies them)
+        tile = wg.tma_tile_of(s)
+        blocks = -(-small.pixels // tile[0]) * -(-small.cout // tile[1]) * int(s["split_k"])
+        assert tile not in (wg.TMA_ONE_WAVE_DEEPER if blocks <= h200.multiprocessors else wg.TMA_RATED_AS), s
+    assert (64, 128, 8, 1, 0) in {wg.tma_tile_of(s) for s in cands}
+    deep = next(s for s in cands if wg.tma_tile_of(s) == (64, 128, 8, 1, 0) and int(s["split_k"]) == 1)
+    shallow = wg.tma_schedule((64, 128, 4, 1, 0), 64, persistent=False, a_rows=True)
+    bw = machine(h200).bandwidth
+    assert wg.tma_estimate(small, deep, h200, bw, 0.0) == wg.tma_estimate(small, shallow, h200, bw, 0.0)
+    for s in cands:
+        assert op.plan(small, s, h200).launches[-1].shared_bytes <= h200.shared_per_block_optin
+    _, many = offered((32, 512, 28, 28), (128, 512, 1, 1))                # 392 x 1 blocks of 64 x 128: 3 waves
+    assert (64, 128, 4, 1, 0) in {wg.tma_tile_of(s) for s in many}
+    assert not {wg.tma_tile_of(s) for s in many} & set(wg.TMA_RATED_AS)

@@ -569,6 +569,34 @@ def test_wgmma_tma_a_rows_matches_float64(gpu_backend, dtype):
         assert ran >= 20, (xs, ran)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_wgmma_tma_deep_ring_matches_float64(gpu_backend, dtype):
+    """The deep rings one-wave grids take (TMA_ONE_WAVE_DEEPER: 64 x 64 / 64 x 128 / 128 x 64 with 8 stages),
+    plain / persistent / split-K, 1x1 through the tiled map and 3x3 / strided through im2col, odd pixel counts,
+    a channel tile past Cout, bias + residual + ReLU into a NaN-filled output, against float64; fp32 with TF32."""
+    if not _hopper(gpu_backend):
+        pytest.skip(f"TMA needs an sm_90 device, this is {gpu_backend.device.arch}")
+    from jitops.ops import conv2d_wgmma as wg
+    from jitops.ops.base import TensorSpec
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 4e-3}[dtype]
+    extra = {"precision": "tf32"} if dtype == torch.float32 else {}
+    cases = (((3, 40, 9, 7), (200, 40, 1, 1), {}), ((2, 136, 15, 13), (112, 136, 3, 3), {"padding": 1}),
+             ((2, 200, 13, 9), (72, 200, 3, 3), {"padding": 1, "stride": 2}))
+    for i, (xs, ws, attrs) in enumerate(cases):
+        x, w, b, r, ref = _tma_case(xs, ws, attrs, dtype, seed=80 + i)
+        spec = {"x": TensorSpec(xs, _spec(x).dtype, "nhwc"), "w": _spec(w), "bias": _spec(b),
+                "residual": TensorSpec(tuple(r.shape), _spec(r).dtype, "nhwc")}
+        p = get_op("conv2d").make_problem(spec, {**attrs, "activation": "relu", **extra})
+        for tile in sorted(set(wg.TMA_ONE_WAVE_DEEPER.values())):
+            for persistent, k in ((False, 1), (True, 1), (False, 2)):
+                s = wg.tma_schedule(tile, wg.bk_of(p), persistent=persistent, split_k=k, a_rows=p.is_pointwise)
+                out = torch.full_like(r, float("nan"))
+                y = jitops.conv2d(x, w, b, residual=r, out=out, schedule=s, activation="relu", **attrs, **extra)
+                assert not torch.isnan(y).any(), (s, xs)
+                err = float((y.double() - ref).abs().max() / ref.abs().max())
+                assert err <= tol, (s, xs, ws, err)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_pointwise_stream_matches_float64(gpu_backend, dtype):
     """The few-channel 1x1 stream (pointwise_mma), every schedule: K and N padded to 16 (24 -> 20), a

@@ -442,6 +442,20 @@ TMA_TILES = ((128, 128, 4, 2, 0), (128, 128, 6, 2, 0), (128, 256, 4, 2, 232), (2
              (128, 160, 6, 2, 0), (64, 160, 4, 1, 0))
 # Tiles whose width is not a multiple of 64: offered only where they divide Cout or pad it less.
 NARROW_TILES = frozenset(t for t in TMA_TILES if t[1] % 64)
+# Grids of one wave (no more blocks than multiprocessors: every block alone on its multiprocessor, so a tile
+# sized for two per multiprocessor leaves half its shared memory idle) run these tiles with the deepest ring
+# shared memory holds, which hides more of each K tile's load. Measured against the same grid's shallow tile
+# (H200, 2026-11-29, scripts/device_conv2d_deep_ring.py, 37 layers: ResNet-50 b32 / b16 / b8, issue 16's large
+# 3x3): 64 x 64 1.042x (7 pairs, worst 1.010), 64 x 128 from 4 stages 1.059x (21, worst 0.992), from 6
+# 1.081x (21, worst 1.000), 128 x 64 from 3 stages 1.232x (21, worst 1.058). Not taken: 128 x 64 from 6 stages
+# (1.028x, worst 0.898), 64 x 160 (worst 0.910), 128 x 128 with 7 stages (0.977x / 0.993x), nor grids of more
+# than one wave (0.957x over 308 pairs). The estimate rates each deep tile as its first shallow source. The 83
+# real-network layers whose pick this changes (ResNet-50 b8-b32, ResNet-101, DenseNet-121, EfficientNet-B0,
+# Inception-v3, Wide-ResNet-50-2, VGG-16, MobileNet-v3-L; scripts/device_conv2d_rules_ab.py --rules deep_ring)
+# ran 1.031x faster on geometric mean (0.935-1.091x), whole ResNet-50 b32 1.011x.
+TMA_ONE_WAVE_DEEPER = {(64, 64, 4, 1, 0): (64, 64, 8, 1, 0), (64, 128, 4, 1, 0): (64, 128, 8, 1, 0),
+                       (64, 128, 6, 1, 0): (64, 128, 8, 1, 0), (128, 64, 3, 2, 0): (128, 64, 8, 2, 0)}
+TMA_RATED_AS = {deep: shallow for shallow, deep in reversed(TMA_ONE_WAVE_DEEPER.items())}
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -615,13 +629,16 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
         if len(tile) > 5 and tiles < 4 * device.multiprocessors:
             continue
-        out.append(tma_schedule(tile, bk_of(p), persistent=tiles > device.multiprocessors * tma_resident(tile, device),
-                                a_rows=rows))
+
+        def ring(blocks: int) -> tuple[int, ...]:
+            return TMA_ONE_WAVE_DEEPER.get(tile, tile) if blocks <= device.multiprocessors else tile
+        out.append(tma_schedule(ring(tiles), bk_of(p),
+                                persistent=tiles > device.multiprocessors * tma_resident(tile, device), a_rows=rows))
         if tiles < device.multiprocessors and len(tile) == 5:
             kt = tma_k_tiles(p)
-            out += [tma_schedule(tile, bk_of(p), persistent=False, split_k=k, a_rows=rows) for k in (2, 3, 4, 6, 8)
-                    if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
-    return out
+            out += [tma_schedule(ring(tiles * k), bk_of(p), persistent=False, split_k=k, a_rows=rows)
+                    for k in (2, 3, 4, 6, 8) if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
+    return list(dict.fromkeys(out))            # 64 x 128 from 4 and from 6 stages: one deep tile
 
 
 # Constants of tma_estimate, per precision class ("16": fp16 / bf16, "tf32"): per tile, the share of
@@ -711,6 +728,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     ovh = (TMA_PERSISTENT_OVERHEAD if persistent_overhead is None else persistent_overhead) if is_persistent(s) \
         else (TMA_OVERHEAD if overhead is None else overhead)
     tile = tma_tile_of(s)
+    tile = TMA_RATED_AS.get(tile, tile)
     bm, bn = tile[:2]
     bk = bk_of(p)
     splits, per = tma_splits(p, s)
