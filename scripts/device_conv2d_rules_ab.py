@@ -5,7 +5,7 @@ per-layer sweeps they were chosen on (scripts/device_conv2d_pool_sweep.py). With
 distinct layer of those networks whose pick the rules change: both picks checked against float64 in a
 NaN-filled output and timed by graph replay in alternating turns, cuDNN beside.
 
-    python3 scripts/device_conv2d_rules_ab.py OUT_DIR [--rules h200_rules|rank_fit|gemv|a_rows|deep_ring] [--nets resnet50,...]
+    python3 scripts/device_conv2d_rules_ab.py OUT_DIR [--rules h200_rules|rank_fit|gemv|a_rows|deep_ring|strided_1x1] [--nets resnet50,...]
         [--batch 32] [--dtypes float16] [--passes 2] [--layers resnet50:32,resnet101:32,...]
 
 h200_rules (2026-11-29 11:00): without them TMA_LONE_SHARE 0.5 (a lone block charged two waves),
@@ -13,7 +13,8 @@ TMA_MARGIN_WHOLE = TMA_MARGIN, TMA_WIDE_FILTER_MIN_COUT 0, TMA_MIN_FLOPS_FAST_ME
 rank_fit (2026-11-29 14:10): without it no TMA_RATE_FAST_MEMORY_SCALE (scripts/conv2d_tma_rank_fit.py).
 gemv (2026-11-29 16:00): without it conv2d_gemv.RATED_PIXELS 0 (the few-pixel 1x1 kernel never taken).
 a_rows (2026-11-29 19:30): without it TMA_A_ROWS False (1x1 stride-1 layers read A through the im2col map).
-deep_ring (2026-11-29 22:00): without it no TMA_ONE_WAVE_DEEPER (one-wave grids keep the shallow rings).
+deep_ring (2026-11-29 20:50): without it no TMA_ONE_WAVE_DEEPER (one-wave grids keep the shallow rings).
+strided_1x1 (2026-11-29 21:05): without it a strided 1x1 filter is charged the whole input (STRIDED_1X1_READS_LANDED).
 Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab_DTYPE.json.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ RULES = {
     "a_rows": (wg, {"TMA_A_ROWS": False}, {"TMA_A_ROWS": wg.TMA_A_ROWS}),
     "deep_ring": (wg, {"TMA_ONE_WAVE_DEEPER": {}, "TMA_RATED_AS": {}},
                   {"TMA_ONE_WAVE_DEEPER": wg.TMA_ONE_WAVE_DEEPER, "TMA_RATED_AS": wg.TMA_RATED_AS}),
+    "strided_1x1": (wg, {"STRIDED_1X1_READS_LANDED": False}, {"STRIDED_1X1_READS_LANDED": True}),
 }
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
 

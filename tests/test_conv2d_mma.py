@@ -733,3 +733,20 @@ def test_wgmma_tma_one_wave_deep_ring():
     _, many = offered((32, 512, 28, 28), (128, 512, 1, 1))                # 392 x 1 blocks of 64 x 128: 3 waves
     assert (64, 128, 4, 1, 0) in {wg.tma_tile_of(s) for s in many}
     assert not {wg.tma_tile_of(s) for s in many} & set(wg.TMA_RATED_AS)
+
+
+def test_wgmma_strided_1x1_reads_landed_pixels():
+    """A strided 1x1 filter over NHWC pixels of 128 bytes or more is charged the pixels it lands on (a quarter
+    at stride 2), so ResNet-50 b32's 256 -> 512 stride-2 downsample is no longer rated memory-bound alike on
+    every tile and takes a TMA tile; 64-byte pixels (32 channels) keep the whole input's charge."""
+    import dataclasses
+    from jitops.ops import conv2d_wgmma as wg
+    h200 = dataclasses.replace(jitops.get_backend(target="sm_90").device, name="NVIDIA H200")
+
+    def prob(x, w):
+        return op.make_problem({"x": TensorSpec(x, "float16", "nhwc"), "w": TensorSpec(w, "float16"), "bias": None},
+                               {"stride": 2})
+    down, thin = prob((32, 256, 56, 56), (512, 256, 1, 1)), prob((32, 32, 112, 112), (48, 32, 1, 1))
+    assert wg.io_bytes(down)[0] == 32 * 28 * 28 * 256 * 2
+    assert wg.io_bytes(thin)[0] == 32 * 112 * 112 * 32 * 2
+    assert wg.is_tma(op.heuristic(down, h200))

@@ -401,11 +401,25 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
     return call_seconds(p, s, compute, p.cout * k_padded(p, bk) * p.itemsize, splits, prm.split_s, bandwidth, launch_s)
 
 
+# A strided 1x1 filter reads only the input pixels it lands on where each pixel's channels fill whole 128-byte
+# lines (NHWC), a quarter of the input at stride 2: charged the whole input, ResNet-50 b32's 256 -> 512 1x1
+# stride-2 layer at 56 x 56 looked memory-bound on every tile (20.4 us estimated alike) and took the cp.async
+# kernel's 18.8 us over the TMA tiles' 15.9-16.2 (H200, 2026-11-29, scripts/device_conv2d_deep_ring.py). With
+# the rule it takes a TMA tile: 19.0 -> 17.3 us (b16 10.0 -> 9.6; scripts/device_conv2d_rules_ab.py --rules
+# strided_1x1 over nine network / batch pairs). Pixels of 64 bytes (RegNetY-1.6GF's 32 -> 48 at 112 x 112)
+# share their lines with the skipped ones: that layer ran 0.83x at b32 (1.15x at b8), so they keep the charge.
+STRIDED_1X1_READS_LANDED = True
+STRIDED_1X1_MIN_PIXEL_BYTES = 128
+
+
 def io_bytes(p: Conv2dProblem) -> tuple[float, float]:
     """(input bytes, output + residual bytes) of one call (the packed weights come apart)."""
     isz = p.itemsize
     cs, _ = channels(p)
-    return p.n * p.h * p.w * cs * isz, p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
+    pixels = p.n * p.h * p.w
+    if STRIDED_1X1_READS_LANDED and p.kh * p.kw == 1 and cs * isz >= STRIDED_1X1_MIN_PIXEL_BYTES:
+        pixels = min(pixels, p.n * p.oh * p.ow)
+    return pixels * cs * isz, p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
 
 
 def call_seconds(p: Conv2dProblem, s: Schedule, compute: float, w_bytes: float, splits: int, split_s: float,
