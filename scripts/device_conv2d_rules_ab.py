@@ -14,7 +14,7 @@ rank_fit (2026-11-29 14:10): without it no TMA_RATE_FAST_MEMORY_SCALE (scripts/c
 gemv (2026-11-29 16:00): without it conv2d_gemv.RATED_PIXELS 0 (the few-pixel 1x1 kernel never taken).
 a_rows (2026-11-29 19:30): without it TMA_A_ROWS False (1x1 stride-1 layers read A through the im2col map).
 deep_ring (2026-11-29 20:50): without it no TMA_ONE_WAVE_DEEPER (one-wave grids keep the shallow rings).
-strided_1x1 (2026-11-29 21:05): without it a strided 1x1 filter is charged the whole input (STRIDED_1X1_READS_LANDED).
+strided_1x1 (2026-11-29 20:57): without it a strided 1x1 filter is charged the whole input (STRIDED_1X1_READS_LANDED).
 Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab_DTYPE.json.
 """
 from __future__ import annotations
