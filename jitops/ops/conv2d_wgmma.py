@@ -616,6 +616,11 @@ TMA_A_ROWS = True
 TMA_WIDE_FILTER_MIN_COUT = 33
 
 
+def tma_ring(tile: tuple[int, ...], blocks: int, device: DeviceInfo) -> tuple[int, ...]:
+    """The tile a grid of `blocks` runs: its deep-ring twin where the grid is one wave (TMA_ONE_WAVE_DEEPER)."""
+    return TMA_ONE_WAVE_DEEPER.get(tile, tile) if blocks <= device.multiprocessors else tile
+
+
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
@@ -623,7 +628,7 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     problem, plain or persistent grids, split-K where the tiles leave multiprocessors idle. Not for filters
     wider than 1x1 into 32 or fewer channels: DenseNet-121's 128 -> 32 3x3 (b32, 56 x 56 / 28 x 28) ran
     1.28x / 1.36x and Inception-v3's 32 -> 32 3x3 1.87x the cp.async kernel's fastest tile (H200,
-    2026-11-29 pool sweeps)."""
+    2026-11-29 pool sweeps). One-wave grids get the deep-ring twins of their tiles (tma_ring)."""
     min_flops = TMA_MIN_FLOPS_FAST_MEMORY if fast_memory(device) else TMA_MIN_FLOPS
     if tma_why_not(p, device) or p.cout % 8 or p.flops < min_flops or \
             (p.kh * p.kw > 1 and p.cout < TMA_WIDE_FILTER_MIN_COUT):
@@ -643,14 +648,11 @@ def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
         tiles = ceil_div(p.pixels, bm) * ceil_div(p.cout, bn)
         if len(tile) > 5 and tiles < 4 * device.multiprocessors:
             continue
-
-        def ring(blocks: int) -> tuple[int, ...]:
-            return TMA_ONE_WAVE_DEEPER.get(tile, tile) if blocks <= device.multiprocessors else tile
-        out.append(tma_schedule(ring(tiles), bk_of(p),
+        out.append(tma_schedule(tma_ring(tile, tiles, device), bk_of(p),
                                 persistent=tiles > device.multiprocessors * tma_resident(tile, device), a_rows=rows))
         if tiles < device.multiprocessors and len(tile) == 5:
             kt = tma_k_tiles(p)
-            out += [tma_schedule(ring(tiles * k), bk_of(p), persistent=False, split_k=k, a_rows=rows)
+            out += [tma_schedule(tma_ring(tile, tiles * k, device), bk_of(p), persistent=False, split_k=k, a_rows=rows)
                     for k in (2, 3, 4, 6, 8) if kt // k >= 4 and tiles * k <= 2 * device.multiprocessors]
     return list(dict.fromkeys(out))            # 64 x 128 from 4 and from 6 stages: one deep tile
 
