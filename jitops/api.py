@@ -69,7 +69,8 @@ def conv2d(x: Any, w: Any, bias: Any = None, stride: IntOrPair = 1, padding: Int
     """2-D convolution, OIHW weights, fp32, fp16 or bf16 (fp32 accumulation).
 
     x: NCHW, or NHWC (a channels_last torch tensor, or any array of shape (N, H, W, C) with
-    layout="nhwc"); y and residual keep x's memory format. fp16 / bf16 run on the matrix cores
+    layout="nhwc"); y keeps x's memory format, and so should residual (a torch residual in the other
+    format is taken, at the cost of one copy into x's). fp16 / bf16 run on the matrix cores
     (implicit GEMM) where the device has them.
     padding: an int, a pair (h, w) or four values (top, left, bottom, right) as in ONNX.
     activation: None, "relu" or "leaky_relu" (with `alpha`), fused into the epilogue.

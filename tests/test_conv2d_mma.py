@@ -750,3 +750,40 @@ def test_wgmma_strided_1x1_reads_landed_pixels():
     assert wg.io_bytes(down)[0] == 32 * 28 * 28 * 256 * 2
     assert wg.io_bytes(thin)[0] == 32 * 112 * 112 * 32 * 2
     assert wg.is_tma(op.heuristic(down, h200))
+
+
+@pytest.mark.parametrize("x_format", ["channels_last", "contiguous_format"])
+def test_residual_in_the_other_memory_format(emu, x_format):
+    """A residual stored NCHW beside a channels_last x (or the reverse) is copied into x's format first
+    (residual_in_x_format) and read by the plan made for a residual like x: every algorithm the emulator
+    offers, fp32 and bf16, into a NaN-filled output in x's format, against float64; the problem says so in
+    its key and description."""
+    torch = pytest.importorskip("torch")
+    xf = getattr(torch, x_format)
+    rf = torch.contiguous_format if x_format == "channels_last" else torch.channels_last
+    gen = torch.Generator().manual_seed(3)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        x = torch.randn(2, 6, 9, 7, generator=gen).to(dtype).contiguous(memory_format=xf)
+        w = (torch.randn(10, 6, 3, 3, generator=gen) / 7).to(dtype)
+        r = torch.randn(2, 10, 5, 4, generator=gen).to(dtype).contiguous(memory_format=rf)
+        want = torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), padding=1, stride=2) + r.double())
+        spec = {"x": TensorSpec(tuple(x.shape), str(dtype).split(".")[1], "nhwc" if xf is torch.channels_last else ""),
+                "w": TensorSpec(tuple(w.shape), str(dtype).split(".")[1]), "bias": None}
+        p = op.make_problem({**spec, "residual": TensorSpec(tuple(r.shape), spec["w"].dtype,
+                                                            "" if spec["x"].layout else "nhwc")},
+                            {"padding": 1, "stride": 2, "activation": "relu"})
+        assert p.residual_other_format and "residual n" in p.describe()
+        same = op.make_problem({**spec, "residual": TensorSpec(tuple(r.shape), spec["w"].dtype, spec["x"].layout)},
+                               {"padding": 1, "stride": 2, "activation": "relu"})
+        assert not same.residual_other_format and same.key() != p.key()
+        ran = set()
+        for s in op.candidates(p, emu.device):
+            if s.algorithm in ran:
+                continue
+            ran.add(s.algorithm)
+            out = torch.full_like(want, float("nan"), dtype=dtype).contiguous(memory_format=xf)
+            y = jitops.conv2d(x, w, padding=1, stride=2, residual=r, activation="relu", out=out, schedule=s)
+            assert y.is_contiguous(memory_format=xf)
+            err = float((y.double() - want).abs().max() / want.abs().max())
+            assert err <= tol, (dtype, s, err)
+        assert len(ran) >= 2, ran

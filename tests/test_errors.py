@@ -57,7 +57,7 @@ def test_out_in_another_memory_format_names_it():
 def test_residual_of_one_pixel_in_either_memory_format():
     """An output of one pixel per image stores NCHW and NHWC alike, so a residual in either format is
     read (a channels_last patch embedding over a whole image was refused); where the formats differ in
-    memory the refusal names x's."""
+    memory the residual is taken too (copied into x's format first)."""
     torch = pytest.importorskip("torch")
     x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     w = torch.randn(5, 3, 8, 8) / 8
@@ -66,8 +66,12 @@ def test_residual_of_one_pixel_in_either_memory_format():
     for residual in (r, r.contiguous(memory_format=torch.channels_last)):
         y = jitops.conv2d(x, w, stride=8, residual=residual)
         assert float((y.double() - want).abs().max()) < 1e-4
-    with pytest.raises(ArgumentError, match=r"argument 'residual'.*memory format of x \(nhwc\)"):
-        jitops.conv2d(x, w[:, :, :3, :3].contiguous(), residual=torch.randn(2, 5, 6, 6))
+    # where the formats differ in memory the residual is copied into x's first (a pass of its own)
+    w3 = w[:, :, :3, :3].contiguous()
+    r = torch.randn(2, 5, 6, 6)
+    y = jitops.conv2d(x, w3, residual=r)
+    want = torch.nn.functional.conv2d(x.double(), w3.double()) + r.double()
+    assert y.is_contiguous(memory_format=torch.channels_last) and float((y.double() - want).abs().max()) < 1e-4
 
 
 def test_mixed_kinds():

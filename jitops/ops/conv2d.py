@@ -21,7 +21,7 @@ from . import conv2d_stem
 from . import conv2d_wgmma
 from . import conv2d_schedules as schedules
 from .base import Plan, Schedule, TensorSpec
-from .conv2d_plans import ALGORITHMS, plan as _plan, weights_from_ohwi
+from .conv2d_plans import ALGORITHMS, plan as _plan, residual_in_x_format, weights_from_ohwi
 from .conv2d_problem import NAME, Conv2dProblem, make_problem, parse_problem
 
 INPUTS = ("x", "w", "bias", "residual")
@@ -65,6 +65,8 @@ def shortlist(problem: Conv2dProblem, device: DeviceInfo, n: int) -> list[Schedu
 
 
 def plan(problem: Conv2dProblem, schedule: Schedule, device: DeviceInfo) -> Plan:
+    if problem.residual_other_format:   # the plan for a residual like x, reading a copy of it in x's format
+        return residual_in_x_format(problem, plan(replace(problem, residual_other_format=False), schedule, device))
     if problem.w_layout == "nhwc":      # the plan for OIHW weights, reading an OIHW copy derived from w
         return weights_from_ohwi(problem, _plan(replace(problem, w_layout=""), schedule, device))
     return _plan(problem, schedule, device)

@@ -325,6 +325,22 @@ def weights_from_ohwi(p: Conv2dProblem, inner: Plan) -> Plan:
                 (to_oihw, *(_renamed(launch, names) for launch in inner.prepare)))
 
 
+def residual_in_x_format(p: Conv2dProblem, inner: Plan) -> Plan:
+    """A residual stored in the other memory format than x (NCHW beside an NHWC x, or the reverse): copied
+    into x's format (a workspace, every call) first, which the plan made for a residual like x then reads."""
+    total = p.n * p.cout * p.oh * p.ow
+    bufs = (Buf("residual"), Buf("residual_x"))
+    if p.layout == "nhwc":                  # NCHW -> NHWC: the from_nchw pass without residual or activation
+        copy = _layout_launch(p, "from_nchw", "conv2d_residual_to_nhwc", bufs, total, (p.cout, p.oh * p.ow),
+                              (Scalar("f32", 0.0),), has_residual=False, activation="none")
+    else:                                   # NHWC -> NCHW
+        copy = _layout_launch(p, "to_nchw", "conv2d_residual_to_nchw", bufs, total, (p.cout, p.oh * p.ow))
+    names = {"residual": "residual_x"}
+    return Plan((copy, *(_renamed(launch, names) for launch in inner.launches)),
+                (*inner.workspaces, Workspace("residual_x", total * p.itemsize)),
+                tuple(_renamed(launch, names) for launch in inner.prepare))
+
+
 def _renamed(launch: Launch, names: dict[str, str]) -> Launch:
     args = tuple(replace(a, name=names.get(a.name, a.name)) if isinstance(a, Buf) else a for a in launch.args)
     return replace(launch, args=args)

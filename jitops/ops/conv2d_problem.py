@@ -5,7 +5,7 @@ group, GEMM extents), so the rest of the op reads plain fields.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -43,6 +43,7 @@ class Conv2dProblem:
     layout: str = ""                        # x, residual and y: "" NCHW, "nhwc" stored N, H, W, C
     precision: str = "highest"              # fp32 only (base.FP32_PRECISIONS); always "highest" for 16-bit types
     w_layout: str = ""                      # "nhwc": OIHW weights stored O, H, W, I (channels_last torch weights)
+    residual_other_format: bool = False     # the residual stored NCHW where x is NHWC, or the reverse
 
     # ---- derived sizes
     @property
@@ -102,7 +103,8 @@ class Conv2dProblem:
         if self.has_bias:
             out["bias"] = TensorSpec((self.cout,), self.dtype)
         if self.has_residual:
-            out["residual"] = self.outputs()["y"]
+            r = self.outputs()["y"]
+            out["residual"] = replace(r, layout="" if self.layout else "nhwc") if self.residual_other_format else r
         return out
 
     def outputs(self) -> dict[str, TensorSpec]:
@@ -133,6 +135,8 @@ class Conv2dProblem:
             s += f" precision {self.precision}"
         if self.w_layout:
             s += f" weights {self.w_layout}"
+        if self.residual_other_format:
+            s += f" residual {'nchw' if self.layout else 'nhwc'}"
         return s + f" {self.dtype}"
 
 
@@ -243,10 +247,14 @@ def make_problem(inputs: Mapping[str, TensorSpec | None], attrs: Mapping[str, An
         if tuple(residual.shape) != (p.n, p.cout, p.oh, p.ow):
             raise ArgumentError("residual", f"the output's shape ({p.n}, {p.cout}, {p.oh}, {p.ow})",
                                 f"shape {tuple(residual.shape)}", op=NAME)
-        # one pixel per image (or one channel) stores NCHW and NHWC alike: either is the layout of x
-        if not same_memory_order(tuple(residual.shape), getattr(residual, "layout", ""), p.layout):
-            raise ArgumentError("residual", f"the memory format of x ({p.layout or 'NCHW'})",
-                                getattr(residual, "layout", "") or "NCHW", op=NAME)
+        # one pixel per image (or one channel) stores NCHW and NHWC alike: either is the layout of x; the other
+        # format is taken too, copied into x's before the kernels read it (one more pass over the residual)
+        r_layout = getattr(residual, "layout", "")
+        if not same_memory_order(tuple(residual.shape), r_layout, p.layout):
+            if r_layout not in ("", "nhwc"):
+                raise ArgumentError("residual", f"an NCHW or NHWC tensor like x ({p.layout or 'NCHW'})", r_layout,
+                                    op=NAME)
+            p = replace(p, residual_other_format=True)
     return p
 
 
