@@ -671,3 +671,26 @@ def test_few_pixel_gemv_matches_float64(gpu_backend, dtype):
             assert err <= tol, (xs, ws, s, err)
         if _hopper(gpu_backend) and xs[2] == 1:
             assert op.heuristic(p, gpu_backend.device).algorithm == gemv.ALGORITHM, xs
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_residual_in_the_other_memory_format(gpu_backend, dtype):
+    """A residual in the other memory format than x (NCHW beside channels_last, or the reverse) is copied into
+    x's format by the plan: the heuristic's picks (the TMA kernel on sm_90 for the larger NHWC fp16 layer) and
+    the cp.async / SIMT kernels, bias + residual + ReLU into a NaN-filled output, against float64."""
+    tol = {torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
+    for i, (xs, ws, attrs) in enumerate((((8, 256, 28, 28), (256, 256, 3, 3), {"padding": 1}),
+                                         ((2, 40, 9, 7), (24, 40, 1, 1), {}),
+                                         ((2, 64, 15, 13), (72, 64, 3, 3), {"padding": 1, "stride": 2}))):
+        for xf, rf in ((torch.channels_last, torch.contiguous_format), (torch.contiguous_format, torch.channels_last)):
+            x = rand(*xs, dtype=dtype, seed=90 + i).contiguous(memory_format=xf)
+            w = rand(*ws, dtype=dtype, scale=(ws[1] * ws[2] * ws[3]) ** -0.5, seed=91 + i)
+            b = rand(ws[0], dtype=dtype, seed=92 + i)
+            ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), **attrs)
+            r = rand(*ref.shape, dtype=dtype, seed=93 + i).contiguous(memory_format=rf)
+            ref = torch.relu(ref + r.double())
+            out = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda").contiguous(memory_format=xf)
+            y = jitops.conv2d(x, w, b, residual=r, activation="relu", out=out, **attrs)
+            assert not torch.isnan(y).any(), (xs, xf)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err <= tol, (xs, xf, err)
