@@ -76,8 +76,7 @@ def recorded_key(schedule: str) -> str:
     num = {k: int(v) for k, v in re.findall(r"\b(bm|bn|stages|tma|regs)=(\d+)", schedule)}
     if "tma" in num:
         tile = (num["bm"], num["bn"], num["stages"], num["tma"], num.get("regs", 0))
-        if tile in wg.TMA_RATED_AS:
-            schedule = re.sub(r"\bstages=\d+", f"stages={wg.TMA_RATED_AS[tile][2]}", schedule)
+        schedule = re.sub(r"\bstages=\d+", f"stages={wg.tma_rated_as(tile)[2]}", schedule)
     return schedule
 
 

@@ -14,13 +14,14 @@ rank_fit (2026-11-29 14:10): without it no TMA_RATE_FAST_MEMORY_SCALE (scripts/c
 gemv (2026-11-29 16:00): without it conv2d_gemv.RATED_PIXELS 0 (the few-pixel 1x1 kernel never taken).
 a_rows (2026-11-29 19:30): without it TMA_A_ROWS False (1x1 stride-1 layers read A through the im2col map).
 deep_ring (2026-11-29 20:50): without it no TMA_ONE_WAVE_DEEPER (one-wave grids keep the shallow rings).
-strided_1x1 (2026-11-29 20:57): without it a strided 1x1 filter is charged the whole input (STRIDED_1X1_READS_LANDED).
+strided_1x1 (2026-11-29 20:57): without it a strided 1x1 filter is charged the whole input (STRIDED_1X1_MIN_PIXEL_BYTES inf).
 Raw results: OUT_DIR/rules_ab.json, OUT_DIR/layers_ab_DTYPE.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -46,9 +47,9 @@ RULES = {
                  {"TMA_RATE_FAST_MEMORY_SCALE": wg.TMA_RATE_FAST_MEMORY_SCALE}),
     "gemv": (gemv, {"RATED_PIXELS": 0}, {"RATED_PIXELS": gemv.RATED_PIXELS}),
     "a_rows": (wg, {"TMA_A_ROWS": False}, {"TMA_A_ROWS": wg.TMA_A_ROWS}),
-    "deep_ring": (wg, {"TMA_ONE_WAVE_DEEPER": {}, "TMA_RATED_AS": {}},
-                  {"TMA_ONE_WAVE_DEEPER": wg.TMA_ONE_WAVE_DEEPER, "TMA_RATED_AS": wg.TMA_RATED_AS}),
-    "strided_1x1": (wg, {"STRIDED_1X1_READS_LANDED": False}, {"STRIDED_1X1_READS_LANDED": True}),
+    "deep_ring": (wg, {"TMA_ONE_WAVE_DEEPER": {}}, {"TMA_ONE_WAVE_DEEPER": wg.TMA_ONE_WAVE_DEEPER}),
+    "strided_1x1": (wg, {"STRIDED_1X1_MIN_PIXEL_BYTES": math.inf},
+                    {"STRIDED_1X1_MIN_PIXEL_BYTES": wg.STRIDED_1X1_MIN_PIXEL_BYTES}),
 }
 TOL = {"float16": 4e-3, "bfloat16": 2e-2}
 

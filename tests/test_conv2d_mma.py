@@ -722,7 +722,8 @@ def test_wgmma_tma_one_wave_deep_ring():
     for s in cands:                                     # by the blocks of each grid (split-K multiplies them)
         tile = wg.tma_tile_of(s)
         blocks = -(-small.pixels // tile[0]) * -(-small.cout // tile[1]) * int(s["split_k"])
-        assert tile not in (wg.TMA_ONE_WAVE_DEEPER if blocks <= h200.multiprocessors else wg.TMA_RATED_AS), s
+        assert tile not in (wg.TMA_ONE_WAVE_DEEPER if blocks <= h200.multiprocessors
+                            else set(wg.TMA_ONE_WAVE_DEEPER.values())), s
     assert (64, 128, 8, 1, 0) in {wg.tma_tile_of(s) for s in cands}
     deep = next(s for s in cands if wg.tma_tile_of(s) == (64, 128, 8, 1, 0) and int(s["split_k"]) == 1)
     shallow = wg.tma_schedule((64, 128, 4, 1, 0), 64, persistent=False, a_rows=True)
@@ -732,7 +733,7 @@ def test_wgmma_tma_one_wave_deep_ring():
         assert op.plan(small, s, h200).launches[-1].shared_bytes <= h200.shared_per_block_optin
     _, many = offered((32, 512, 28, 28), (128, 512, 1, 1))                # 392 x 1 blocks of 64 x 128: 3 waves
     assert (64, 128, 4, 1, 0) in {wg.tma_tile_of(s) for s in many}
-    assert not {wg.tma_tile_of(s) for s in many} & set(wg.TMA_RATED_AS)
+    assert not {wg.tma_tile_of(s) for s in many} & set(wg.TMA_ONE_WAVE_DEEPER.values())
 
 
 def test_wgmma_strided_1x1_reads_landed_pixels():

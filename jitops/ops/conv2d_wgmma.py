@@ -408,7 +408,6 @@ def estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: float
 # the rule it takes a TMA tile: 19.0 -> 17.3 us (b16 10.0 -> 9.6; scripts/device_conv2d_rules_ab.py --rules
 # strided_1x1 over nine network / batch pairs). Pixels of 64 bytes (RegNetY-1.6GF's 32 -> 48 at 112 x 112)
 # share their lines with the skipped ones: that layer ran 0.83x at b32 (1.15x at b8), so they keep the charge.
-STRIDED_1X1_READS_LANDED = True
 STRIDED_1X1_MIN_PIXEL_BYTES = 128
 
 
@@ -417,7 +416,7 @@ def io_bytes(p: Conv2dProblem) -> tuple[float, float]:
     isz = p.itemsize
     cs, _ = channels(p)
     pixels = p.n * p.h * p.w
-    if STRIDED_1X1_READS_LANDED and p.kh * p.kw == 1 and cs * isz >= STRIDED_1X1_MIN_PIXEL_BYTES:
+    if p.kh * p.kw == 1 and cs * isz >= STRIDED_1X1_MIN_PIXEL_BYTES:
         pixels = min(pixels, p.n * p.oh * p.ow)
     return pixels * cs * isz, p.n * p.cout * p.oh * p.ow * isz * (2 if p.has_residual else 1)
 
@@ -469,7 +468,6 @@ NARROW_TILES = frozenset(t for t in TMA_TILES if t[1] % 64)
 # ran 1.031x faster on geometric mean (0.935-1.091x), whole ResNet-50 b32 1.011x.
 TMA_ONE_WAVE_DEEPER = {(64, 64, 4, 1, 0): (64, 64, 8, 1, 0), (64, 128, 4, 1, 0): (64, 128, 8, 1, 0),
                        (64, 128, 6, 1, 0): (64, 128, 8, 1, 0), (128, 64, 3, 2, 0): (128, 64, 8, 2, 0)}
-TMA_RATED_AS = {deep: shallow for shallow, deep in reversed(TMA_ONE_WAVE_DEEPER.items())}
 
 
 def tma_why_not(p: Conv2dProblem, device: DeviceInfo) -> str | None:
@@ -621,6 +619,11 @@ def tma_ring(tile: tuple[int, ...], blocks: int, device: DeviceInfo) -> tuple[in
     return TMA_ONE_WAVE_DEEPER.get(tile, tile) if blocks <= device.multiprocessors else tile
 
 
+def tma_rated_as(tile: tuple[int, ...]) -> tuple[int, ...]:
+    """The tile whose rates a tile takes: a deep-ring twin its first shallow source's, any other its own."""
+    return next((shallow for shallow, deep in TMA_ONE_WAVE_DEEPER.items() if deep == tile), tile)
+
+
 def tma_candidates(p: Conv2dProblem, device: DeviceInfo) -> list[Schedule]:
     """The TMA kernel's tiles for the tuner and the heuristic: output channels a multiple of 8 (16-byte
     stores; with 27 channels the scalar stores ran 1.5x slower than the cp.async kernel, H100
@@ -743,8 +746,7 @@ def tma_estimate(p: Conv2dProblem, s: Schedule, device: DeviceInfo, bandwidth: f
     cls = "tf32" if p.dtype == "float32" else "16"
     ovh = (TMA_PERSISTENT_OVERHEAD if persistent_overhead is None else persistent_overhead) if is_persistent(s) \
         else (TMA_OVERHEAD if overhead is None else overhead)
-    tile = tma_tile_of(s)
-    tile = TMA_RATED_AS.get(tile, tile)
+    tile = tma_rated_as(tma_tile_of(s))
     bm, bn = tile[:2]
     bk = bk_of(p)
     splits, per = tma_splits(p, s)
