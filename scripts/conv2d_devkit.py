@@ -86,6 +86,13 @@ def geo(rs: list) -> dict:
     return {"n": len(rs), "geomean": math.exp(sum(map(math.log, rs)) / len(rs)), "min": min(rs)} if rs else {}
 
 
+def layer_tensors(n: int, c: int, hw: int, co: int, k: int = 1, stride: int = 1):
+    """A square fp16 channels_last layer padded by k // 2: x, weights scaled by 1 / sqrt(fan-in), the float64 output."""
+    x = torch.randn(n, c, hw, hw, device="cuda").half().to(memory_format=CL)
+    w = (torch.randn(co, c, k, k, device="cuda") / (c * k * k) ** 0.5).half()
+    return x, w, F.conv2d(x.double(), w.double(), padding=k // 2, stride=stride)
+
+
 def conv_case(xs, ws, attrs, dtype, has_b=False, has_r=False, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     td = TDT[dtype]

@@ -26,7 +26,7 @@ import jitops  # noqa: E402
 from jitops.ops import conv2d_wgmma as wg  # noqa: E402
 from jitops.ops.conv2d_cost import estimate  # noqa: E402
 
-from conv2d_devkit import CL, graph_us, op, picked, rel_err, vendor_times  # noqa: E402
+from conv2d_devkit import CL, graph_us, layer_tensors, op, picked, rel_err, vendor_times  # noqa: E402
 
 # (batch, Cin, H = W, Cout): ResNet-50's 1x1 stride-1 layers at batch 32, the two batch-8 ones cuDNN wins most
 LAYERS = ((32, 64, 56, 64), (32, 64, 56, 256), (32, 256, 56, 64), (32, 256, 56, 128), (32, 128, 28, 512),
@@ -96,9 +96,7 @@ def main() -> int:
         return 1 if failed else 0
     rows = []
     for n, c, hw, co in LAYERS:
-        x = torch.randn(n, c, hw, hw, device="cuda").half().to(memory_format=CL)
-        w = (torch.randn(co, c, 1, 1, device="cuda") / c ** 0.5).half()
-        ref = F.conv2d(x.double(), w.double())
+        x, w, ref = layer_tensors(n, c, hw, co)
         p, pick = picked((n, c, hw, hw), (co, c, 1, 1), {}, "float16")
         cands = sorted(wg.tma_candidates(p, dev), key=lambda s: estimate(p, s, dev))[:args.top]
         if wg.is_tma(pick) and pick not in cands:

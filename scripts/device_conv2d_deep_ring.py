@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jitops  # noqa: E402
 from jitops.ops import conv2d_wgmma as wg  # noqa: E402
 
-from conv2d_devkit import CL, TDT, graph_us, op, rel_err, vendor_times  # noqa: E402
+from conv2d_devkit import CL, TDT, graph_us, layer_tensors, op, rel_err, vendor_times  # noqa: E402
 from jitops.ops.base import TensorSpec  # noqa: E402
 
 # (count in ResNet-50, batch, Cin, H = W, Cout, kernel, stride): its convolutions past the stem at batch 32
@@ -112,9 +112,7 @@ def main() -> int:
     rows = []
     for count, n, c, hw, co, k, st in RESNET50_B32 + OTHERS:
         pad = k // 2
-        x = torch.randn(n, c, hw, hw, device="cuda").half().to(memory_format=CL)
-        w = (torch.randn(co, c, k, k, device="cuda") / (c * k * k) ** 0.5).half()
-        ref = F.conv2d(x.double(), w.double(), padding=pad, stride=st)
+        x, w, ref = layer_tensors(n, c, hw, co, k, st)
         p = problem((n, c, hw, hw), (co, c, k, k), "float16", pad, st)
         pick = op.heuristic(p, dev)
         res = {"layer": [n, c, hw, co, k, st], "count": count, "resnet50_b32": n == 32, "pick": dict(pick.params),

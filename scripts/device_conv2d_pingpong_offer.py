@@ -14,14 +14,13 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import jitops  # noqa: E402
 from jitops.ops import conv2d_wgmma as wg  # noqa: E402
 
-from conv2d_devkit import CL, graph_us, op, rel_err, vendor_times  # noqa: E402
+from conv2d_devkit import CL, graph_us, layer_tensors, op, rel_err, vendor_times  # noqa: E402
 from device_conv2d_deep_ring import RESNET50_B32, problem  # noqa: E402
 
 PINGPONG = [t for t in wg.TMA_TILES if len(t) > 5]
@@ -37,9 +36,7 @@ def main() -> int:
     rows, failed = [], 0
     for count, n, c, hw, co, k, st in LAYERS:
         pad = k // 2
-        x = torch.randn(n, c, hw, hw, device="cuda").half().to(memory_format=CL)
-        w = (torch.randn(co, c, k, k, device="cuda") / (c * k * k) ** 0.5).half()
-        ref = F.conv2d(x.double(), w.double(), padding=pad, stride=st)
+        x, w, ref = layer_tensors(n, c, hw, co, k, st)
         p = problem((n, c, hw, hw), (co, c, k, k), "float16", pad, st)
         pick = op.heuristic(p, dev)
         offered = {wg.tma_tile_of(s) for s in wg.tma_candidates(p, dev)}

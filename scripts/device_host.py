@@ -26,7 +26,7 @@ import torch
 import jitops
 from jitops import engine
 from jitops.bench import latency
-from jitops.bench.timing import Timer
+from jitops.bench.timing import Timer, warm_on_side_stream
 from jitops.runtime import fastlaunch
 
 T0 = time.perf_counter()
@@ -57,12 +57,7 @@ def graph_check(fn: Callable) -> dict[str, Any]:
     Warmed up on the capture stream first, as torch asks (jitops keeps scratch per stream)."""
     eager = fn()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
+    side = warm_on_side_stream(torch, fn)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):

@@ -10,14 +10,21 @@ from typing import Any, Callable
 log = logging.getLogger("jitops.bench")
 
 
-def capture_graph(torch: Any, fn: Callable[[], Any], n: int) -> Any:
-    """A CUDA graph of n back-to-back calls of fn, warmed up on a side stream first and replayed once."""
+def warm_on_side_stream(torch: Any, fn: Callable[[], Any]) -> Any:
+    """Three calls of fn on a new stream, joined back into the current one (torch asks for this before a
+    capture; jitops keeps scratch per stream): the stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+    return stream
+
+
+def capture_graph(torch: Any, fn: Callable[[], Any], n: int) -> Any:
+    """A CUDA graph of n back-to-back calls of fn, warmed up on a side stream first and replayed once."""
+    warm_on_side_stream(torch, fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(n):
