@@ -23,12 +23,15 @@ _CASTS_BACK = ("layer_norm", "rms_norm", "group_norm", "attention")
 _ELEM_TYPES = {"float32": 1, "float16": 10, "bfloat16": 16, "float64": 11}   # TensorProto.DataType
 
 
+def _reads_x_type(op: str, opset: int) -> bool:
+    """Whether a body of this op at this opset casts back by `Cast(to=x_type)` (no CastLike before 15)."""
+    return opset < 15 and op in _CASTS_BACK
+
+
 def x_type_attr(type_name: str, opset: int, dtype: str) -> dict[str, int]:
     """The attribute a node of this type carries for its fallback body ({} where the body needs none):
     before opset 15 norm and attention bodies cast back to X's type by `Cast(to=x_type)`."""
-    if opset >= 15 or OP_TYPES[type_name].op not in _CASTS_BACK:
-        return {}
-    return {X_TYPE: _ELEM_TYPES[dtype]}
+    return {X_TYPE: _ELEM_TYPES[dtype]} if _reads_x_type(OP_TYPES[type_name].op, opset) else {}
 
 
 def _cast_back(x: str, like: str, y: str, opset: int) -> Any:
@@ -330,7 +333,7 @@ def function_for(type_name: str, opset: int, attention_op: bool = False) -> Any:
     outputs = ["Y", "S"] if "sum" in t.outputs else ["Y"]
     # num_heads has a default in the body (ONNX functions' attribute defaults): nodes without it read 4-D tensors
     defaults = [helper.make_attribute(a.name, a.default) for a in t.attrs if a.name == "num_heads"]
-    typed = [X_TYPE] if opset < 15 and t.op in _CASTS_BACK else []
+    typed = [X_TYPE] if _reads_x_type(t.op, opset) else []
     return helper.make_function(DOMAIN, t.name, inputs, outputs, body, [helper.make_opsetid("", opset)],
                                 attributes=[a.name for a in t.attrs if a.name != "num_heads"] + typed,
                                 attribute_protos=defaults,
