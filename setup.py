@@ -24,7 +24,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 NATIVE_DIR = Path("jitops/runtime/native")
 # Every file of the launcher module, in the order jitops.runtime.fastlaunch hashes them.
-LAUNCH_FILES = [NATIVE_DIR / f for f in ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c")]
+LAUNCH_FILES = [NATIVE_DIR / f for f in ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c",
+                                         "jitops_dispatch.c", "jitops_programmatic.c")]
 ORT_DIR = Path("jitops/onnx/native")
 
 

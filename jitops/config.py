@@ -32,6 +32,7 @@ ENV_BUNDLE_FALLBACK = "JITOPS_BUNDLE_FALLBACK"   # error | jit: what a bundle mi
 ENV_DEVICE = "JITOPS_DEVICE"            # GPU ordinal (default 0)
 ENV_CPU_STACK_KB = "JITOPS_CPU_STACK_KB"  # the emulator's per-thread fiber stack (default 64 KiB)
 ENV_BENCHMARK = "JITOPS_BENCHMARK"      # 1: time a few schedules on a problem's first call (benchmark_candidates)
+ENV_PROGRAMMATIC_LAUNCH = "JITOPS_PROGRAMMATIC_LAUNCH"   # auto | 1 | 0: programmatic dependent launch (sm_90+)
 
 
 def is_checkout() -> bool:
@@ -174,6 +175,33 @@ def reset_cache_state() -> None:
     with _cache_lock:
         _unusable.clear()
         _checked.clear()
+
+
+_programmatic: list[str | None] = [None]   # None: from the environment
+
+
+def set_programmatic_launch(enabled: bool | None) -> None:
+    """Programmatic dependent launch for launches bound from now on: True "on", False "off", None "auto"
+    (see jitops.set_programmatic_launch)."""
+    if enabled is not None and not isinstance(enabled, bool):
+        from .errors import ArgumentError
+        raise ArgumentError("enabled", "True, False or None (auto)", repr(enabled))
+    _programmatic[0] = "auto" if enabled is None else "on" if enabled else "off"
+
+
+def programmatic_launch_mode() -> str:
+    """"auto" (the default), "on" or "off": set_programmatic_launch, else JITOPS_PROGRAMMATIC_LAUNCH
+    (auto, 1 / on / true / yes, 0 / off / false / no; anything else is auto, warned about)."""
+    if _programmatic[0] is not None:
+        return _programmatic[0]
+    raw = os.environ.get(ENV_PROGRAMMATIC_LAUNCH, "auto").strip().lower()
+    if raw in ("1", "on", "true", "yes"):
+        return "on"
+    if raw in ("0", "off", "false", "no"):
+        return "off"
+    if raw not in ("", "auto"):
+        warn(logging.getLogger("jitops"), f"{ENV_PROGRAMMATIC_LAUNCH}={raw!r} is not auto, 1 or 0: using auto")
+    return "auto"
 
 
 def env_flag(name: str) -> bool:

@@ -133,7 +133,7 @@ def _make_step(op: str, launch: Launch, backend: Backend, sizes: Mapping[str, tu
     for i, a in enumerate(launch.args):
         if isinstance(a, Scalar):
             packed.set(i, a.value)
-    run = backend.bind_launch(kernel, launch.grid, launch.block, launch.shared_bytes)
+    run = backend.bind_launch(kernel, launch.grid, launch.block, launch.shared_bytes, launch.programmatic)
     return Step(launch, kernel, packed, tuple(slots), run, tuple(tmaps))
 
 

@@ -174,14 +174,18 @@ class Launch:
     block: tuple[int, int, int]
     args: tuple[Buf | Scalar | TensorMap, ...]
     shared_bytes: int = 0
+    # The kernel waits for the stream's previous kernel (griddepcontrol.wait) before it touches global
+    # memory, so it may be launched while that kernel still runs (CUDA's programmatic dependent launch).
+    programmatic: bool = False
 
     @staticmethod
     def make(template: str, kernel: str, params: Mapping[str, Any], grid: Sequence[int], block: Sequence[int],
-             args: Iterable[Buf | Scalar | TensorMap], shared_bytes: int = 0) -> "Launch":
+             args: Iterable[Buf | Scalar | TensorMap], shared_bytes: int = 0,
+             programmatic: bool = False) -> "Launch":
         g = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         b = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         return Launch(template, kernel, frozen_items({**params, "kernel_name": kernel}), g, b, tuple(args),
-                      int(shared_bytes))
+                      int(shared_bytes), bool(programmatic))
 
     @property
     def template_params(self) -> dict[str, Any]:

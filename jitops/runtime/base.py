@@ -112,8 +112,11 @@ class Backend(ABC):
         """Enqueue one launch on `stream` (0: the backend's default stream)."""
 
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
-                    shared_bytes: int) -> "Callable[[PackedArgs, int], None]":
-        """A callable (args, stream) for repeated launches of one configuration (the hot path)."""
+                    shared_bytes: int, programmatic: bool = False) -> "Callable[[PackedArgs, int], None]":
+        """A callable (args, stream) for repeated launches of one configuration (the hot path).
+
+        programmatic: the kernel waits for the stream's previous kernel itself before touching memory,
+        so a backend that can may launch it early (CUDA's programmatic dependent launch); others ignore it."""
         grid, block = tuple(grid), tuple(block)
         return lambda args, stream: self.launch(kernel, grid, block, shared_bytes, args, stream)
 

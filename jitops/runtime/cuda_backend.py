@@ -114,6 +114,7 @@ class CudaBackend(Backend):
         self.ordinal = int(os.environ.get(config.ENV_DEVICE, "0")) if ordinal is None else ordinal
         self._ctx = 0
         self._raised_smem: dict[int, int] = {}     # kernel handle -> dynamic bytes opted in
+        self._programmatic: bool | None = None      # the device and driver can: asked once
         self._lock = threading.Lock()
         if target is not None:
             _nvrtc()  # an offline backend exists to compile: fail now if it cannot
@@ -250,17 +251,37 @@ class CudaBackend(Backend):
     def launch(self, kernel: Kernel, grid, block, shared_bytes: int, args: PackedArgs, stream: int) -> None:
         self.bind_launch(kernel, grid, block, shared_bytes)(args, stream)
 
+    def can_launch_programmatic(self) -> bool:
+        """Programmatic dependent launch is possible: an sm_90+ device and a driver with cuLaunchKernelEx."""
+        if self._programmatic is None:
+            sm = int("".join(ch for ch in self.device.arch[3:] if ch.isdigit()) or 0)
+            self._programmatic = sm >= 90 and bool(drv.launch_ex_address())
+        return self._programmatic
+
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
-                    shared_bytes: int) -> Callable[[PackedArgs, int], None]:
+                    shared_bytes: int, programmatic: bool = False) -> Callable[[PackedArgs, int], None]:
         self._prepare_shared(kernel, shared_bytes)
         gx, gy, gz = (int(v) for v in grid)
         bx, by, bz = (int(v) for v in block)
+        mode = config.programmatic_launch_mode() if programmatic and self.can_launch_programmatic() else "off"
         native = native_launcher()
         if native is not None:
-            return bind_native(native, drv.launch_entry_address(), kernel.handle, grid, block, shared_bytes,
+            entry = drv.launch_entry_address()
+            if mode != "off":     # the native entry decides per launch (auto) or always carries the attribute
+                entry = native.programmatic_setup(*drv.programmatic_entries())
+                native.programmatic_mode(2 if mode == "on" else 1)
+                native.programmatic_register(kernel.handle)
+            return bind_native(native, entry, kernel.handle, grid, block, shared_bytes,
                                lambda rc, params, stream: self._retry_or_raise(rc, kernel, grid, block,
                                                                                shared_bytes, params, stream))
-        fn = drv.libcuda().cuLaunchKernel    # no native launcher: ctypes
+        if mode == "on":                     # no native launcher: ctypes (auto launches plainly)
+            def launch_ex(args: PackedArgs, stream: int) -> None:
+                rc = drv.launch_programmatic(kernel.handle, (gx, gy, gz), (bx, by, bz), shared_bytes, stream,
+                                             args.address)
+                if rc:
+                    self._retry_or_raise(rc, kernel, grid, block, shared_bytes, args.address, stream)
+            return launch_ex
+        fn = drv.libcuda().cuLaunchKernel
 
         def launch(args: PackedArgs, stream: int) -> None:
             rc = fn(kernel.handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, args.address, None)

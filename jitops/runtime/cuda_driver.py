@@ -122,6 +122,50 @@ def launch_entry_address() -> int:
     return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
 
 
+# ---- programmatic dependent launch (sm_90+): a kernel that waits for the stream's previous kernel
+# itself (griddepcontrol.wait) may be launched before that kernel ends, its prologue overlapping the
+# other's tail. cuda.h's CUlaunchAttribute / CUlaunchConfig, and the attribute's id.
+ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint64 * 8)]
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+def _address(name: str) -> int:
+    fn = getattr(libcuda(), name, None)
+    return (ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
+
+
+def launch_ex_address() -> int:
+    """Address of cuLaunchKernelEx (CUDA 11.8+ drivers), 0 where the driver has none."""
+    return _address("cuLaunchKernelEx")
+
+
+def programmatic_entries() -> tuple[int, int, int, int, int]:
+    """What the native launcher's programmatic entry calls (0 where the driver lacks one): cuLaunchKernel,
+    cuLaunchKernelEx, and for its graph-capture test cuStreamGetCaptureInfo_v2, cuGraphNodeGetType,
+    cuGraphKernelNodeGetParams_v2."""
+    return (launch_entry_address(), launch_ex_address(), _address("cuStreamGetCaptureInfo_v2"),
+            _address("cuGraphNodeGetType"), _address("cuGraphKernelNodeGetParams_v2"))
+
+
+def launch_programmatic(handle: int, grid: Any, block: Any, shared: int, stream: int, params: int) -> int:
+    """cuLaunchKernelEx with programmatic stream serialization allowed (the path without the native
+    launcher); returns the driver's status."""
+    fn = libcuda().cuLaunchKernelEx
+    attr = LaunchAttribute(id=ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    cfg = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared, stream,
+                       ctypes.pointer(attr), 1)
+    return int(fn(ctypes.byref(cfg), ctypes.c_void_p(handle), ctypes.c_void_p(params), None))
+
+
 # CUtensorMapDataType values (cuda.h) with the element size, and CUtensorMapSwizzle values.
 TENSOR_MAP_DTYPE = {"float16": (6, 2), "float32": (7, 4), "bfloat16": (9, 2)}
 TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}

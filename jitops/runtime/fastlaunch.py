@@ -28,7 +28,8 @@ log = logging.getLogger("jitops.launch")
 
 _NATIVE = Path(__file__).resolve().parent / "native"
 # Every file of the module (setup.py lists the same, in this order, for its digest).
-_FILES = ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c")
+_FILES = ("jitops_native.h", "jitops_launch.c", "jitops_fastcall.c", "jitops_dispatch.c",
+          "jitops_programmatic.c")
 _SOURCES = [_NATIVE / f for f in _FILES if f.endswith(".c")]
 _PREBUILT = "jitops.runtime.jitops_launch"
 _lock = threading.Lock()

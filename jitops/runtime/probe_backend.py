@@ -28,7 +28,7 @@ class ProbeBackend(CpuBackend):
         self.bind_launch(kernel, grid, block, shared_bytes)(args, stream)
 
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
-                    shared_bytes: int) -> Callable[[PackedArgs, int], None]:
+                    shared_bytes: int, programmatic: bool = False) -> Callable[[PackedArgs, int], None]:
         def fail_at(rc: int, params: int, stream: int) -> None:
             raise LaunchError(f"probe launch of {kernel.name} (grid={tuple(grid)}, block={tuple(block)}) "
                               f"returned status {rc}")

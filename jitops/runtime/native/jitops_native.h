@@ -35,4 +35,9 @@ extern PyTypeObject JtEntryType;
  * freed; every remembered pointer is dropped before its next use. */
 PyObject* jt_memory_released(PyObject* self, PyObject* noargs);
 
+/* jitops_programmatic.c: programmatic dependent launch behind the launch entry's signature. */
+PyObject* jt_programmatic_setup(PyObject* self, PyObject* args);
+PyObject* jt_programmatic_mode(PyObject* self, PyObject* arg);
+PyObject* jt_programmatic_register(PyObject* self, PyObject* arg);
+
 #endif
