@@ -694,3 +694,62 @@ def test_residual_in_the_other_memory_format(gpu_backend, dtype):
             assert not torch.isnan(y).any(), (xs, xf)
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err <= tol, (xs, xf, err)
+
+
+@pytest.mark.parametrize("mode", [True, None], ids=["on", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_programmatic_launch_chain_matches_float64(gpu_backend, dtype, mode):
+    """With programmatic dependent launch (sm_90; on: every launch, auto: in graph captures after a jitops
+    kernel), a chain of convolutions where each reads the last one's output and the last writes over the
+    first's input (read-after-write and write-after-read across launches that may overlap), eagerly and
+    replayed from a CUDA graph into NaN-filled buffers, against float64."""
+    if not gpu_backend.can_launch_programmatic():
+        pytest.skip("programmatic dependent launch needs sm_90+ and cuLaunchKernelEx")
+    tol = {torch.float16: 6e-3, torch.bfloat16: 3e-2}[dtype]
+    jitops.set_programmatic_launch(mode)
+    try:
+        for i, (n, c, hw, mid) in enumerate(((32, 256, 14, 256), (8, 128, 28, 512), (2, 512, 7, 512))):
+            x0 = rand(n, c, hw, hw, seed=100 + i)
+            ws = [rand(mid, c, 3, 3, scale=(9 * c) ** -0.5, seed=101 + i), rand(c, mid, 1, 1, scale=mid ** -0.5,
+                                                                            seed=102 + i),
+                  rand(c, c, 1, 1, scale=c ** -0.5, seed=103 + i)]
+            bs = [rand(mid, seed=104 + i), rand(c, seed=105 + i)]
+            r1 = torch.relu(F.conv2d(x0.double(), ws[0].double(), bs[0].double(), padding=1))
+            r2 = F.conv2d(r1, ws[1].double(), bs[1].double()) + x0.double()
+            r3 = torch.relu(F.conv2d(r2, ws[2].double()))
+            wt, bt = [w.to(dtype) for w in ws], [b.to(dtype) for b in bs]
+
+            def chain(x):
+                y1 = jitops.conv2d(x, wt[0], bt[0], padding=1, activation="relu")
+                y2 = jitops.conv2d(y1, wt[1], bt[1], residual=x)
+                jitops.conv2d(y2, wt[2], None, activation="relu", out=x)
+                return y1, y2
+
+            def fresh():
+                return x0.to(dtype).contiguous(memory_format=torch.channels_last)
+
+            x = fresh()
+            chain(x.clone())                                  # compile and bind outside the capture
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+                g1, g2 = chain(x)
+            torch.cuda.current_stream().wait_stream(s)
+            for replay in (False, True):
+                if replay:
+                    x.copy_(fresh())
+                    g1.fill_(float("nan"))
+                    g2.fill_(float("nan"))
+                    graph.replay()
+                    y1, y2, y3 = g1, g2, x
+                else:
+                    y3 = fresh()
+                    y1, y2 = chain(y3)
+                torch.cuda.synchronize()
+                for y, ref in ((y1, r1), (y2, r2), (y3, r3)):
+                    assert not torch.isnan(y).any(), (n, c, hw, replay)
+                    err = float((y.double() - ref).abs().max() / ref.abs().max())
+                    assert err <= tol, (n, c, hw, replay, err)
+    finally:
+        jitops.set_programmatic_launch(None)

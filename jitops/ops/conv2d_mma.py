@@ -289,7 +289,8 @@ def plan_around(p: Conv2dProblem, s: Schedule, template: str, kernel: str, param
                                          p.stride[0], p.stride[1], pad[0], pad[1], p.dilation[0],
                                          p.dilation[1])),
             Scalar("f32", p.alpha))
-    gemm = Launch.make(template, kernel, params, grid, (threads,), args, shared)
+    gemm = Launch.make(template, kernel, params, grid, (threads,), args, shared,
+                       programmatic=bool(params.get("programmatic")))
     pack = pack_rows_launch(p, idx, window) if window else pack_launch(p, idx, kp, cgp)
     launches = [gemm]
     workspaces = [Workspace("packed_w", packed * p.itemsize, persistent=True, derived_from=("w",))]

@@ -52,6 +52,7 @@ NCHW_TILES = ((128, 128, 4, 0), (128, 64, 4, 0), (64, 128, 4, 0), (64, 64, 4, 0)
               (256, 128, 4, 0))
 
 
+
 # TF32 constants of WgmmaCost (chosen and printed by scripts/conv2d_wgmma_picks.py --tf32). Tiles
 # without TF32 timings are rated at UNRATED_TF32.
 TF32_RATE = {(128, 256, 4, 0): 0.741, (256, 128, 4, 0): 0.559, (192, 128, 4, 0): 0.746, (128, 192, 4, 0): 0.749, (128, 128, 6, 0): 0.604, (128, 128, 4, 0): 0.547, (128, 128, 3, 0): 0.466, (64, 256, 4, 0): 0.468, (64, 128, 4, 0): 0.65, (128, 64, 4, 0): 0.67, (64, 64, 4, 0): 0.741, (128, 128, 4, 1): 0.527, (192, 128, 4, 1): 0.644, (128, 64, 3, 0): 0.607, (64, 128, 3, 0): 0.766, (192, 64, 3, 0): 0.407}
@@ -250,7 +251,7 @@ def plan_wgmma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
             raise ScheduleError(reason)
         rows = window_rows(p, bk_of(p)).rk
     params = {"BM": bm, "BN": bn, "BK": bk_of(p), "STAGES": stages, "WG": bm // 64, "producer": producer,
-              "threads": threads, "persistent": persistent, "min_blocks": 1, "window_rows": rows}
+              "threads": threads, "persistent": persistent, "min_blocks": 1, "window_rows": rows, "programmatic": 1}
     grid = (ceil_div(p.pixels, bm), ceil_div(p.cout_g, bn), p.groups * splits)
     if persistent:
         resident = persistent_blocks(bm, bn, stages, device)
@@ -564,7 +565,7 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
               "min_blocks": resident, "pingpong": int(pingpong), "a_rows": int(a_rows),
               "ctype": C_TYPE[p.dtype], "index_type": idx, "has_bias": p.has_bias and fused,
               "has_residual": p.has_residual and fused, "activation": p.activation if fused else "none",
-              "vec_out": vec_out, "split_k": not fused}
+              "vec_out": vec_out, "split_k": not fused, "programmatic": 1}
     out_align = 16 if vec_out else 0
     if a_rows:
         amap = TensorMap(x_name, p.dtype, (cs, p.pixels), (bk, bm), 128)
@@ -582,7 +583,8 @@ def plan_tma(p: Conv2dProblem, s: Schedule, device: DeviceInfo) -> Plan:
                                          p.pad[1], p.dilation[0], p.dilation[1], p.kw, taps * chunks, kt_per, splits,
                                          chunks, tiles_m, tiles)),
             Scalar("f32", p.alpha), amap, bmap)
-    gemm = Launch.make("conv2d/wgmma_tma.hip.j2", "conv2d_wgmma_tma", params, (grid,), (threads,), args, smem)
+    gemm = Launch.make("conv2d/wgmma_tma.hip.j2", "conv2d_wgmma_tma", params, (grid,), (threads,), args, smem,
+                       programmatic=True)
     launches = [gemm]
     workspaces = [Workspace("packed_w", p.cout * kp * p.itemsize, persistent=True, derived_from=("w",))]
     if copy:
