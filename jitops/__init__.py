@@ -48,7 +48,7 @@ def set_benchmark(enabled: bool | int = True) -> None:
 def set_programmatic_launch(enabled: bool | None = True) -> None:
     """Programmatic dependent launch (CUDA, sm_90+): conv2d's Hopper kernels start before the stream's
     previous kernel ends, set up while it finishes and wait for it on the device. It pays after a kernel
-    that lets them start early (jitops' own): ResNet-50 b32's convolutions chained 2.5% faster on an H200,
+    that lets them start early (jitops' own): ResNet-50 b32's convolutions chained 2-3% faster on an H200,
     the folded network 1.9%; after other libraries' kernels it cost 1.3% (docs/performance.md). None
     (auto, the default): only inside CUDA-graph captures, where the launch's predecessor is known to be
     such a kernel; True: every launch (eager chains of jitops ops); False: never.

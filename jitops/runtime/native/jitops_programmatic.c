@@ -5,7 +5,7 @@
  * (griddepcontrol.launch_dependents).
  *
  * That pays only after a kernel that lets it start early: measured on an H200, ResNet-50's convolutions
- * chained gained 2.5%, but after other libraries' kernels the attribute cost 1.3%. So in mode 1 (auto) a
+ * chained gained 2-3%, but after other libraries' kernels the attribute cost 1.3%. So in mode 1 (auto) a
  * launch carries the attribute only while the stream is captured into a CUDA graph and the launch's one
  * dependency is a registered kernel (one that lets its dependents start early); otherwise it is a plain
  * cuLaunchKernel. Mode 2 (on) always carries it. Layouts as cuda.h's CUlaunchAttribute (id, padding, a
