@@ -118,6 +118,9 @@ def environment(ctx: Context, copy_gbs: float | None) -> dict[str, Any]:
     env = {"jitops": __version__, "backend": be.name, "device": be.device.name, "arch": be.device.arch,
            "compiler": be.compiler_id(), "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
            "copy_gbs": copy_gbs}
+    if getattr(be, "can_launch_programmatic", lambda: False)():
+        from .. import config     # graph timings of back-to-back calls overlap launches in "auto" and "on"
+        env["programmatic_launch"] = config.programmatic_launch_mode()
     if ctx.torch is not None:
         env["torch"] = ctx.torch.__version__
         env["cudnn"] = ctx.torch.backends.cudnn.version()
@@ -159,7 +162,8 @@ def run(ops: Iterable[str] | None = None, quick: bool = False, json_path: str | 
     copy_gbs = copy_bandwidth_gbs(ctx.timer) if ctx.on_gpu else None
     env = environment(ctx, copy_gbs)
     echo(f"jitops {env['jitops']} bench on {env['device']} ({env['arch']}, {env['backend']}); "
-         f"device copy {copy_gbs:.0f} GB/s" if copy_gbs else
+         f"device copy {copy_gbs:.0f} GB/s"
+         + (f"; programmatic launch {env['programmatic_launch']}" if "programmatic_launch" in env else "") if copy_gbs else
          f"jitops {env['jitops']} bench on {env['device']} ({env['backend']}): correctness and emulator timings only")
     rows: list[Row] = []
     extras: dict[str, Any] = {}
