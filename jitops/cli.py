@@ -57,9 +57,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     n = config.benchmark_candidates()
     print(f"benchmark    {f'on: first calls time up to {n} schedules ({config.ENV_BENCHMARK})' if n else 'off'}")
     pdl = config.programmatic_launch_mode()
-    able = getattr(be, "can_launch_programmatic", lambda: False)()
     print(f"dependent    {pdl}" + ({"auto": " (in CUDA graphs, after a jitops kernel)", "on": " (every launch)",
-                                      "off": ""}[pdl] if able else " (not on this device: CUDA sm_90+ only)")
+                                      "off": ""}[pdl] if be.can_launch_programmatic()
+                                     else " (not on this device: CUDA sm_90+ only)")
           + f"  programmatic launch of the Hopper conv kernels ({config.ENV_PROGRAMMATIC_LAUNCH})")
     from .api import get_fp32_precision
     mode = get_fp32_precision()

@@ -8,12 +8,14 @@ scripts/device_conv2d_programmatic.py."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import pytest
 
 import jitops
-from jitops import codegen, config
+from jitops import codegen, config, engine
 from jitops.errors import ArgumentError
+from jitops.ops import conv2d_wgmma as wg
 from jitops.ops import get_op
 from jitops.ops.base import TensorSpec
 from jitops.runtime import cuda_driver as drv
@@ -153,8 +155,6 @@ def test_auto_by_default_and_switched(monkeypatch):
 
 
 def test_launch_flag_reaches_bind_launch(probe, monkeypatch):
-    import dataclasses
-    from jitops import engine
     op = get_op("leaky_relu")
     plain = op.plan
 
@@ -181,18 +181,13 @@ def test_launch_flag_reaches_bind_launch(probe, monkeypatch):
     engine.clear_prepared()
 
 
-def _h100():
-    return KNOWN_TARGETS["sm_90"]
-
-
 @pytest.mark.parametrize("template", ["conv2d/wgmma_tma.hip.j2", "conv2d/wgmma.hip.j2"])
 def test_conv_kernels_wait_before_their_first_global_access(template):
     op = get_op("conv2d")
-    device = _h100()
+    device = KNOWN_TARGETS["sm_90"]
     p = op.make_problem({"x": TensorSpec((8, 128, 28, 28), "float16", "nhwc"),
                          "w": TensorSpec((256, 128, 3, 3), "float16"), "bias": TensorSpec((256,), "float16")},
                         {"padding": 1})
-    from jitops.ops import conv2d_wgmma as wg
     s = (wg.tma_schedule((128, 128, 4, 2, 0), 64, persistent=True) if template.endswith("tma.hip.j2")
          else wg.schedule(128, 128, 4, 0))
     launches = [la for la in op.plan(p, s, device).launches if la.template == template]

@@ -118,7 +118,7 @@ def environment(ctx: Context, copy_gbs: float | None) -> dict[str, Any]:
     env = {"jitops": __version__, "backend": be.name, "device": be.device.name, "arch": be.device.arch,
            "compiler": be.compiler_id(), "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
            "copy_gbs": copy_gbs}
-    if getattr(be, "can_launch_programmatic", lambda: False)():
+    if be.can_launch_programmatic():
         from .. import config     # graph timings of back-to-back calls overlap launches in "auto" and "on"
         env["programmatic_launch"] = config.programmatic_launch_mode()
     if ctx.torch is not None:

@@ -111,6 +111,10 @@ class Backend(ABC):
                shared_bytes: int, args: PackedArgs, stream: int) -> None:
         """Enqueue one launch on `stream` (0: the backend's default stream)."""
 
+    def can_launch_programmatic(self) -> bool:
+        """Programmatic dependent launch is possible here (CUDA sm_90+ only)."""
+        return False
+
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
                     shared_bytes: int, programmatic: bool = False) -> "Callable[[PackedArgs, int], None]":
         """A callable (args, stream) for repeated launches of one configuration (the hot path).

@@ -159,8 +159,12 @@ class CudaBackend(Backend):
     def compiler_id(self) -> str:
         return f"nvrtc-{nvrtc_version()[0]}"
 
+    def _compute_capability(self) -> int:
+        """sm_90a -> 90."""
+        return int(self.device.arch[3:].rstrip("af"))
+
     def _arch_option(self) -> str:
-        cc = int(self.device.arch[3:].rstrip("af"))
+        cc = self._compute_capability()
         suffix = self.device.arch[3 + len(str(cc)):]
         supported = nvrtc_version()[1]
         if supported and cc > supported[-1]:
@@ -254,8 +258,8 @@ class CudaBackend(Backend):
     def can_launch_programmatic(self) -> bool:
         """Programmatic dependent launch is possible: an sm_90+ device and a driver with cuLaunchKernelEx."""
         if self._programmatic is None:
-            sm = int("".join(ch for ch in self.device.arch[3:] if ch.isdigit()) or 0)
-            self._programmatic = sm >= 90 and bool(drv.launch_ex_address())
+            self._programmatic = (self.can_launch and self._compute_capability() >= 90
+                                  and bool(drv.launch_ex_address()))
         return self._programmatic
 
     def bind_launch(self, kernel: Kernel, grid: Sequence[int], block: Sequence[int],
